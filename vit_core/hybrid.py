@@ -1,0 +1,128 @@
+"""The ResNet stem of the paper's hybrid models (section 3.1): R50+ViT-B/16 and R50+ViT-L/32.
+
+A BiT-style ResNetV2 *without* pre-activation (Kolesnikov et al. 2020): weight-standardised
+convolutions, GroupNorm(32), TensorFlow 'SAME' padding, and stages of bottleneck blocks. Its last
+feature map is cut into 1x1 "patches" by ``PatchEmbed``. Module names follow timm's ``ResNetV2``
+(``stem.conv``, ``stages.N.blocks.M.conv1`` ...) so the hybrid checkpoints of timm and of the original
+JAX release load unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def pad_same(x: torch.Tensor, kernel: int, stride: int, value: float = 0.0) -> torch.Tensor:
+    """TensorFlow 'SAME' padding: output size ceil(input / stride), extra pixel on the bottom/right."""
+    pads = []
+    for size in (x.shape[-1], x.shape[-2]):  # F.pad wants (left, right, top, bottom)
+        total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)
+        pads += [total // 2, total - total // 2]
+    return F.pad(x, pads, value=value)
+
+
+class StdConv2dSame(nn.Conv2d):
+    """Conv2d whose weights are standardised per output channel before use (Weight Standardization,
+    Qiao et al. 2019; BiT uses it with GroupNorm), with 'SAME' padding."""
+
+    def __init__(self, in_chs: int, out_chs: int, kernel: int, stride: int = 1, eps: float = 1e-8) -> None:
+        super().__init__(in_chs, out_chs, kernel, stride=stride, bias=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (w - mean) / sqrt(var + eps) per output channel; batch_norm over a (1, out, fan_in) view is
+        # the fused form of exactly that (biased variance), and the one timm uses.
+        w = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None, training=True, eps=self.eps)
+        w = w.reshape_as(self.weight)
+        return F.conv2d(pad_same(x, self.kernel_size[0], self.stride[0]), w, None, self.stride)
+
+
+class GroupNormAct(nn.GroupNorm):
+    """GroupNorm(32 groups) followed by an optional ReLU."""
+
+    def __init__(self, channels: int, act: bool = True) -> None:
+        super().__init__(32, channels, eps=1e-5)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = super().forward(x)
+        return F.relu(x) if self.act else x
+
+
+class Stem(nn.Module):
+    """7x7/2 convolution, GroupNorm + ReLU, 3x3/2 max pool: the image shrinks by 4."""
+
+    def __init__(self, in_chans: int, out_chs: int = 64) -> None:
+        super().__init__()
+        self.conv = StdConv2dSame(in_chans, out_chs, 7, stride=2)
+        self.norm = GroupNormAct(out_chs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.conv(x))
+        return F.max_pool2d(pad_same(x, 3, 2, value=float("-inf")), 3, 2)
+
+
+class Downsample(nn.Module):
+    """Projection shortcut: 1x1 convolution (strided) and GroupNorm without activation."""
+
+    def __init__(self, in_chs: int, out_chs: int, stride: int) -> None:
+        super().__init__()
+        self.conv = StdConv2dSame(in_chs, out_chs, 1, stride=stride)
+        self.norm = GroupNormAct(out_chs, act=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x))
+
+
+class Bottleneck(nn.Module):
+    """1x1 -> 3x3 (strided, as ResNet v1.5) -> 1x1 bottleneck, post-activation, residual."""
+
+    def __init__(self, in_chs: int, out_chs: int, stride: int, downsample: bool) -> None:
+        super().__init__()
+        mid = out_chs // 4
+        self.downsample = Downsample(in_chs, out_chs, stride) if downsample else None
+        self.conv1 = StdConv2dSame(in_chs, mid, 1)
+        self.norm1 = GroupNormAct(mid)
+        self.conv2 = StdConv2dSame(mid, mid, 3, stride=stride)
+        self.norm2 = GroupNormAct(mid)
+        self.conv3 = StdConv2dSame(mid, out_chs, 1)
+        self.norm3 = GroupNormAct(out_chs, act=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        x = self.norm1(self.conv1(x))
+        x = self.norm2(self.conv2(x))
+        x = self.norm3(self.conv3(x))
+        return F.relu(x + shortcut)
+
+
+class Stage(nn.Module):
+    def __init__(self, in_chs: int, out_chs: int, depth: int, stride: int) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(
+            *(Bottleneck(in_chs if i == 0 else out_chs, out_chs, stride if i == 0 else 1, i == 0) for i in range(depth))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+class ResNetV2Stem(nn.Module):
+    """Stem plus stages with 256, 512, 1024, 2048 channels; every stage after the first halves the
+    resolution, so (3, 4, 9) has stride 16 and (3, 4, 6, 3) stride 32."""
+
+    def __init__(self, layers: tuple[int, ...], in_chans: int = 3) -> None:
+        super().__init__()
+        self.stem = Stem(in_chans)
+        chans = [256 * 2**i for i in range(len(layers))]
+        self.stages = nn.Sequential(
+            *(Stage(64 if i == 0 else chans[i - 1], chans[i], d, 1 if i == 0 else 2) for i, d in enumerate(layers))
+        )
+        self.out_chans = chans[-1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stages(self.stem(x))
