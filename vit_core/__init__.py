@@ -1,10 +1,10 @@
 """vit_core: the Vision Transformer of Dosovitskiy et al. (ICLR 2021), weight-compatible with timm.
 
-    import vit_core
-    model = vit_core.create_model("vit_base_patch16_224", num_classes=10)
-    logits, attentions = model(images, return_attention=True)
-    model.save_pretrained("runs/b16")
-    model = vit_core.from_pretrained("runs/b16", img_size=384)
+import vit_core
+model = vit_core.create_model("vit_base_patch16_224", num_classes=10)
+logits, attentions = model(images, return_attention=True)
+model.save_pretrained("runs/b16")
+model = vit_core.from_pretrained("runs/b16", img_size=384)
 """
 
 from __future__ import annotations

@@ -123,9 +123,7 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
-def save_pretrained(
-    model: VisionTransformer, directory: str | Path, dtype: torch.dtype | None = None
-) -> Path:
+def save_pretrained(model: VisionTransformer, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``model.safetensors`` and ``config.json`` into ``directory`` (created if needed).
 
     ``dtype`` (e.g. ``torch.bfloat16``) stores the floating-point weights at lower precision.
@@ -169,7 +167,10 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_weights(
-    model: VisionTransformer, state: dict[str, torch.Tensor], old_cfg: ViTConfig | None = None, source: str = "checkpoint"
+    model: VisionTransformer,
+    state: dict[str, torch.Tensor],
+    old_cfg: ViTConfig | None = None,
+    source: str = "checkpoint",
 ) -> None:
     """Load ``state`` strictly into ``model``. Position embeddings are resized to the model's grid
     (from ``old_cfg``'s grid when given, else a square one); any other missing, unexpected or
@@ -189,12 +190,14 @@ def load_weights(
     ]
     if missing or unexpected or mismatched:
         lines = [f"{source} does not fit the model ({model.config.name or 'custom config'}):"]
-        if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}")
-        if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected[:10])}{' ...' if len(unexpected) > 10 else ''}")
-        if mismatched:
-            lines.append(f"  shape mismatches ({len(mismatched)}): {'; '.join(mismatched[:10])}")
+        for what, items in (
+            ("missing keys", missing),
+            ("unexpected keys", unexpected),
+            ("shape mismatches", mismatched),
+        ):
+            if items:
+                more = " ..." if len(items) > 10 else ""
+                lines.append(f"  {what} ({len(items)}): {'; '.join(items[:10])}{more}")
         raise CheckpointError("\n".join(lines))
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
 

@@ -79,9 +79,7 @@ class PatchEmbed(nn.Module):
         if x.ndim != 4 or x.shape[1] != self.in_chans:
             raise ValueError(f"expected images shaped (B, {self.in_chans}, H, W), got {tuple(x.shape)}")
         if self.backbone is None and (x.shape[-2] % self.patch_size or x.shape[-1] % self.patch_size):
-            raise ValueError(
-                f"image size {tuple(x.shape[-2:])} is not a multiple of the patch size {self.patch_size}"
-            )
+            raise ValueError(f"image size {tuple(x.shape[-2:])} is not a multiple of the patch size {self.patch_size}")
         if self.backbone is not None:
             x = self.backbone(x)
         return self.proj(x).permute(0, 2, 3, 1)
@@ -227,10 +225,7 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens -> logits: pool (class token, eq. 4, or mean of patch tokens), then classify."""
-        if self.config.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens :].mean(dim=1)
-        else:
-            x = x[:, 0]
+        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.config.global_pool == "avg" else x[:, 0]
         x = self.pre_logits(self.fc_norm(x))
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
@@ -264,7 +259,9 @@ class VisionTransformer(nn.Module):
         predicting uniform probabilities, so early gradients don't wreck the pre-trained features.
         """
         p = next(self.parameters())
-        self.head = nn.Linear(self.num_features, num_classes, device=p.device, dtype=p.dtype) if num_classes else nn.Identity()
+        self.head = (
+            nn.Linear(self.num_features, num_classes, device=p.device, dtype=p.dtype) if num_classes else nn.Identity()
+        )
         if num_classes:
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
