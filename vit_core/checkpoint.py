@@ -25,6 +25,8 @@ from .config import TIMM_MODEL_ARGS, ViTConfig, get_config, list_models
 from .model import VisionTransformer, resample_pos_embed
 
 WEIGHTS_NAME = "model.safetensors"
+# timm model_args that change how inputs are handled, not the weights; ours always handles any size.
+_RUNTIME_ONLY_ARGS = {"dynamic_img_size", "dynamic_img_pad", "strict_img_size"}
 CONFIG_NAME = "config.json"
 
 
@@ -76,7 +78,7 @@ def config_from_dict(d: dict[str, Any], source: str = "config.json") -> ViTConfi
         base = get_config(arch)
     except KeyError as e:
         raise CheckpointError(f"{source}: architecture {arch!r} is not a ViT this library builds ({e})") from None
-    args = dict(d.get("model_args") or {})
+    args = {k: v for k, v in (d.get("model_args") or {}).items() if k not in _RUNTIME_ONLY_ARGS}
     unknown = sorted(set(args) - set(TIMM_MODEL_ARGS))
     if unknown:
         raise CheckpointError(f"{source}: unsupported model_args {unknown}")

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .config import ViTConfig
 from .hybrid import ResNetV2Stem
@@ -184,7 +185,8 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + n_patches, D))  # E_pos
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
-        rates = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()  # deeper blocks drop more
+        # stochastic depth grows linearly with depth, 0 for the first block to drop_path_rate for the last
+        rates = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList(Block(cfg, r) for r in rates)
         # timm's layout: with average pooling the final LayerNorm moves after the pooling (fc_norm).
         use_fc_norm = cfg.global_pool == "avg"
@@ -194,6 +196,7 @@ class VisionTransformer(nn.Module):
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.num_features = cfg.representation_size or D
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.grad_checkpointing = False
         self.init_weights()
 
     # ----------------------------------------------------------------------------------- forward
@@ -218,7 +221,11 @@ class VisionTransformer(nn.Module):
         x = self.pos_drop(x + pos_embed)  # eq. 1
         attentions = []
         for block in self.blocks:
-            x, attn = block(x, return_attention)
+            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+                # recompute the block in backward instead of storing its activations: memory for compute
+                x, attn = checkpoint(block, x, return_attention, use_reentrant=False)
+            else:
+                x, attn = block(x, return_attention)
             attentions.append(attn)
         x = self.norm(x)
         return (x, attentions) if return_attention else x
@@ -297,7 +304,8 @@ class VisionTransformer(nn.Module):
             if isinstance(m, nn.Linear):
                 if mode == "timm":
                     nn.init.trunc_normal_(m.weight, std=0.02)
-                    nn.init.zeros_(m.bias)
+                    if m.bias is not None:
+                        nn.init.zeros_(m.bias)
                 elif name == "head":
                     nn.init.zeros_(m.weight)
                     nn.init.zeros_(m.bias)
@@ -323,6 +331,30 @@ class VisionTransformer(nn.Module):
         from .checkpoint import save_pretrained
 
         return save_pretrained(self, directory)
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
+        """Upload weights, ``config.json`` and a model card to the Hugging Face Hub (see ``vit_core.hub``)."""
+        from .hub import push_to_hub
+
+        return push_to_hub(self, repo_id, **kwargs)
+
+    # timm's hooks for its optimizer factory (weight-decay exclusions, layer-wise lr decay)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters that get no weight decay besides biases and norms: the embeddings."""
+        return {"pos_embed", "cls_token"}
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """Parameter groups by depth, for layer-wise lr decay (timm's ``param_groups_layer_decay``):
+        embeddings are layer 0, block i is layer i + 1, the final norm and head come last."""
+        return {
+            "stem": r"^cls_token|^pos_embed|^patch_embed",
+            "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        }
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block in the backward pass to save activation memory (big variants)."""
+        self.grad_checkpointing = enable
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,147 @@
+"""Checkpoints: round trips through timm's own reader and writer, resolution changes, clear errors."""
+
+import json
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file, save_file
+from timm.models._hub import save_for_hf
+
+import vit_core
+from vit_core import CheckpointError
+
+
+def _small(name="vit_tiny_patch16_224", **kw):
+    torch.manual_seed(0)
+    return vit_core.create_model(name, **{"img_size": 64, "depth": 2, "num_classes": 5, **kw}).eval()
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("vit_tiny_patch16_224", {}),
+        ("vit_small_patch16_224", dict(global_pool="avg", class_token=False)),
+        ("vit_small_patch32_224", dict(img_size=(64, 96), in_chans=1, mean=(0.1,), std=(0.3,))),
+        ("vit_base_r50_s16_224", dict(embed_dim=64, num_heads=2)),
+    ],
+    ids=["tiny", "avg-no-cls", "non-square-gray", "hybrid"],
+)
+def test_ours_to_timm_local_dir_same_logits(tmp_path, name, overrides):
+    model = _small(name, **overrides)
+    model.reset_classifier(5)
+    torch.nn.init.normal_(model.head.weight)  # a non-trivial head, so logits differ per class
+    model.save_pretrained(tmp_path)
+    ref = timm.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
+    c, (h, w) = model.config.in_chans, model.config.img_hw
+    x = torch.randn(2, c, h, w)
+    with torch.no_grad():
+        assert (ref(x) - model(x)).abs().max() <= 1e-5
+    # timm reads our preprocessing too
+    assert tuple(ref.pretrained_cfg["input_size"]) == (c, h, w)
+    assert tuple(ref.pretrained_cfg["mean"]) == pytest.approx(model.config.mean)
+
+
+def test_timm_to_ours_through_timms_writer(tmp_path):
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_small_patch16_224", num_classes=10, img_size=96, depth=2, global_pool="avg").eval()
+    save_for_hf(ref, tmp_path, safe_serialization=True)
+    ours = vit_core.from_pretrained(tmp_path)
+    assert ours.config.global_pool == "avg" and ours.config.img_hw == (96, 96) and not ours.training
+    x = torch.randn(2, 3, 96, 96)
+    with torch.no_grad():
+        assert (ref(x) - ours(x)).abs().max() <= 1e-5
+
+
+def test_timm_state_dict_loads_into_ours_directly():
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_base_patch32_224", depth=2).eval()
+    ours = vit_core.create_model("vit_base_patch32_224", depth=2).eval()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        assert torch.equal(ref(x), ours(x))
+
+
+def test_higher_resolution_load_matches_timm(tmp_path):
+    # Paper section 3.2: fine-tune at a higher resolution by interpolating E_pos in 2D.
+    model = _small()
+    model.save_pretrained(tmp_path)
+    hi = vit_core.from_pretrained(tmp_path, img_size=96)
+    assert hi.pos_embed.shape == (1, 1 + 36, 192) and hi.config.img_hw == (96, 96)
+    assert torch.equal(hi.pos_embed[:, :1], model.pos_embed[:, :1])  # class token's embedding kept
+    ref = timm.create_model(f"local-dir:{tmp_path}", pretrained=True, img_size=96).eval()
+    x = torch.randn(2, 3, 96, 96)
+    with torch.no_grad():
+        assert (ref(x) - hi(x)).abs().max() <= 1e-5
+    # the same through load_state_dict of a 224-style state dict into a bigger model
+    bigger = vit_core.create_model("vit_tiny_patch16_224", img_size=96, depth=2, num_classes=5).eval()
+    bigger.load_state_dict(model.state_dict())
+    assert torch.equal(bigger.pos_embed, hi.pos_embed)
+    # saved again, the folder says 96
+    hi.save_pretrained(tmp_path / "hi")
+    assert json.loads((tmp_path / "hi" / "config.json").read_text())["pretrained_cfg"]["input_size"] == [3, 96, 96]
+
+
+def test_config_json_layout_and_labels(tmp_path):
+    model = _small()
+    model.reset_classifier(3, label_names=["cat", "dog", "emu"])
+    vit_core.save_pretrained(model, tmp_path, dtype=torch.bfloat16)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architecture"] == "vit_tiny_patch16_224"
+    assert (cfg["num_classes"], cfg["num_features"], cfg["global_pool"]) == (3, 192, "token")
+    assert cfg["label_names"] == ["cat", "dog", "emu"]
+    assert {"input_size", "mean", "std", "interpolation", "crop_pct"} <= set(cfg["pretrained_cfg"])
+    assert load_file(tmp_path / "model.safetensors")["pos_embed"].dtype == torch.bfloat16
+    loaded = vit_core.from_pretrained(tmp_path)
+    assert loaded.label_names == ["cat", "dog", "emu"] and loaded.pos_embed.dtype == torch.float32
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # atomic writes leave nothing
+
+
+def test_representation_size_round_trips_here(tmp_path):
+    model = _small(representation_size=32)
+    model.save_pretrained(tmp_path)
+    loaded = vit_core.from_pretrained(tmp_path)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(model(x), loaded(x))
+
+
+def test_corrupt_weights_name_the_file(tmp_path):
+    _small().save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors file"):
+        vit_core.from_pretrained(tmp_path)
+
+
+def test_missing_files_and_bad_json(tmp_path):
+    with pytest.raises(CheckpointError, match="no such file or folder"):
+        vit_core.from_pretrained(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="no config.json"):
+        vit_core.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        vit_core.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"architecture": "resnet50"}))
+    with pytest.raises(CheckpointError, match="'resnet50' is not a ViT"):
+        vit_core.from_pretrained(tmp_path)
+    _small().save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        vit_core.from_pretrained(tmp_path)
+
+
+def test_mismatched_weights_name_every_key(tmp_path):
+    model = _small()
+    model.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state["blocks.5.mlp.fc1.weight"] = torch.zeros(1)
+    del state["norm.weight"]
+    state["head.weight"] = torch.zeros(7, 192)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError) as err:
+        vit_core.from_pretrained(tmp_path)
+    msg = str(err.value)
+    assert "missing keys (1): norm.weight" in msg
+    assert "unexpected keys (1): blocks.5.mlp.fc1.weight" in msg
+    assert "head.weight: checkpoint (7, 192) vs model (5, 192)" in msg

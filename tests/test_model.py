@@ -1,0 +1,191 @@
+"""The model against timm (same weights, same logits) and against the paper's equations written out."""
+
+import math
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+import vit_core
+
+
+def _pair(name: str, seed: int = 0, timm_kwargs: dict | None = None, **kwargs):
+    """A timm model with random weights and ours holding the same weights."""
+    torch.manual_seed(seed)
+    ref = timm.create_model(name, pretrained=False, **kwargs, **(timm_kwargs or {})).eval()
+    ours = vit_core.create_model(name, **kwargs).eval()
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, size",
+    [
+        ("vit_tiny_patch16_224", {}, (224, 224)),
+        ("vit_small_patch16_224", dict(global_pool="avg"), (224, 224)),
+        ("vit_base_patch16_224", {}, (224, 224)),
+        ("vit_base_patch32_224", {}, (224, 224)),
+        ("vit_tiny_patch16_384", {}, (384, 384)),
+        ("vit_base_r50_s16_224", dict(num_classes=10, img_size=128, depth=2), (128, 128)),
+    ],
+)
+def test_logits_match_timm(name, kwargs, size):
+    ref, ours = _pair(name, **kwargs)
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        diff = (ref(x) - ours(x)).abs().max().item()
+    assert diff <= 1e-5
+
+
+@pytest.mark.parametrize("name, img_size", [("vit_small_patch16_224", 224), ("vit_base_r50_s16_224", 96)])
+def test_non_square_input_interpolates_position_embeddings_like_timm(name, img_size):
+    # timm's dynamic_img_size resamples pos_embed per call, as ours always does.
+    ref, ours = _pair(name, num_classes=10, img_size=img_size, depth=2, timm_kwargs=dict(dynamic_img_size=True))
+    x = torch.randn(2, 3, 64, 128) if img_size == 96 else torch.randn(2, 3, 160, 256)
+    with torch.no_grad():
+        assert (ref(x) - ours(x)).abs().max().item() <= 1e-5
+
+
+def test_patch_embedding_is_the_linear_projection_of_flattened_patches():
+    # Eq. 1: x_p^i E with x_p^i the flattened P x P x C patch; the conv must equal unfold + matmul.
+    model = vit_core.create_model("vit_tiny_patch16_224").eval()
+    x = torch.randn(2, 3, 224, 224)
+    P, D = 16, 192
+    patches = F.unfold(x, kernel_size=P, stride=P).transpose(1, 2)  # (B, N, C*P*P), row-major patches
+    E = model.patch_embed.proj.weight.reshape(D, -1).T
+    expected = patches @ E + model.patch_embed.proj.bias
+    got = model.patch_embed(x).reshape(2, -1, D)
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+def _brute_force_forward(model, x):
+    """Eq. 1-4 written out with explicit per-head attention loops: the reference for logits and maps."""
+    blocks_attn = []
+    B = x.shape[0]
+    z = model.patch_embed(x).flatten(1, 2)
+    z = torch.cat([model.cls_token.expand(B, -1, -1), z], dim=1) + model.pos_embed  # eq. 1
+    for blk in model.blocks:
+        a = blk.attn
+        h = F.layer_norm(z, (z.shape[-1],), blk.norm1.weight, blk.norm1.bias, eps=1e-6)
+        qkv = h @ a.qkv.weight.T + a.qkv.bias
+        q, k, v = qkv.chunk(3, dim=-1)
+        hd = [slice(i * a.head_dim, (i + 1) * a.head_dim) for i in range(a.num_heads)]
+        A = torch.stack(
+            [torch.softmax(q[..., s] @ k[..., s].transpose(1, 2) / math.sqrt(a.head_dim), -1) for s in hd], 1
+        )
+        blocks_attn.append(A)  # (B, heads, T, T)
+        heads = [A[:, i] @ v[..., s] for i, s in enumerate(hd)]
+        z = z + torch.cat(heads, dim=-1) @ a.proj.weight.T + a.proj.bias  # eq. 2
+        h = F.layer_norm(z, (z.shape[-1],), blk.norm2.weight, blk.norm2.bias, eps=1e-6)
+        z = z + blk.mlp.fc2(F.gelu(blk.mlp.fc1(h)))  # eq. 3
+    y = F.layer_norm(z[:, 0], (z.shape[-1],), model.norm.weight, model.norm.bias, eps=1e-6)  # eq. 4
+    return model.head(y), blocks_attn
+
+
+def test_return_attention_gives_same_logits_and_true_softmax_maps():
+    torch.manual_seed(0)
+    model = vit_core.create_model("vit_tiny_patch16_224", img_size=64, depth=3, num_classes=7).eval()
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        plain = model(x)
+        logits, attentions = model(x, return_attention=True)
+        ref_logits, ref_maps = _brute_force_forward(model, x)
+    assert torch.equal(plain, logits)  # the same bits, not merely close
+    assert torch.allclose(logits, ref_logits, atol=1e-5)
+    assert len(attentions) == 3
+    for got, ref in zip(attentions, ref_maps, strict=True):
+        assert got.shape == (3, 3, 17, 17)
+        assert torch.allclose(got, ref, atol=1e-6)
+        assert torch.allclose(got.sum(-1), torch.ones(3, 3, 17), atol=1e-6)
+    # With gradients enabled the value is unchanged too.
+    logits_grad, _ = model(x, return_attention=True)
+    assert torch.equal(plain, logits_grad)
+
+
+def test_gradients_through_returned_attention_equal_the_unfused_formula():
+    torch.manual_seed(0)
+    model = vit_core.create_model("vit_tiny_patch16_224", img_size=32, depth=2, num_classes=5).eval()
+    x = torch.randn(2, 3, 32, 32)
+    w = model.blocks[0].attn.qkv.weight
+    logits, attentions = model(x, return_attention=True)
+    *grads, g_w = torch.autograd.grad(logits[:, 1].sum(), [*attentions, w])
+    # Reference: the brute-force forward, differentiated against its own maps and the same weight.
+    ref_logits, ref_maps = _brute_force_forward(model, x)
+    *ref_grads, ref_g_w = torch.autograd.grad(ref_logits[:, 1].sum(), [*ref_maps, w])
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert torch.allclose(g, r, atol=1e-6)
+    assert torch.allclose(g_w, ref_g_w, atol=1e-6)  # parameters get the unfused model's gradient
+
+
+def test_forward_features_and_head_compose_to_forward():
+    model = vit_core.create_model("vit_tiny_patch16_224", img_size=32, depth=2, global_pool="avg").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        assert tokens.shape == (2, 1 + 4, 192)
+        assert torch.equal(model.forward_head(tokens), model(x))
+
+
+def test_bad_inputs_are_named():
+    model = vit_core.create_model("vit_tiny_patch16_224")
+    with pytest.raises(ValueError, match="not a multiple of the patch size 16"):
+        model(torch.randn(1, 3, 224, 230))
+    with pytest.raises(ValueError, match=r"expected images shaped \(B, 3, H, W\)"):
+        model(torch.randn(1, 1, 224, 224))
+
+
+def test_reset_classifier_is_zero_and_predicts_uniform():
+    model = vit_core.create_model("vit_tiny_patch16_224", img_size=32).eval()
+    model.reset_classifier(4, label_names=["a", "b", "c", "d"])
+    assert model.config.num_classes == 4 and model.label_names == ["a", "b", "c", "d"]
+    assert torch.count_nonzero(model.head.weight) == 0 and torch.count_nonzero(model.head.bias) == 0
+    with torch.no_grad():
+        probs = model(torch.randn(2, 3, 32, 32)).softmax(-1)
+    assert torch.allclose(probs, torch.full((2, 4), 0.25))
+
+
+def test_init_schemes_follow_the_references():
+    torch.manual_seed(0)
+    model = vit_core.create_model("vit_small_patch16_224")
+    w = model.blocks[0].mlp.fc1.weight
+    assert abs(w.std().item() - 0.02) < 0.001 and model.blocks[0].mlp.fc1.bias.abs().max() == 0
+    assert model.cls_token.abs().max() < 1e-4
+    model.init_weights("jax")
+    fan_in, fan_out = w.shape[1], w.shape[0]
+    assert abs(w.std().item() - math.sqrt(2 / (fan_in + fan_out))) < 0.002  # Xavier-uniform
+    assert torch.count_nonzero(model.head.weight) == 0
+    pw = model.patch_embed.proj.weight
+    assert abs(pw.std().item() - math.sqrt(1 / pw[0].numel())) < 0.002  # LeCun normal
+    with pytest.raises(ValueError, match="init mode"):
+        model.init_weights("xavier")
+
+
+def test_representation_size_adds_tanh_pre_logits():
+    model = vit_core.create_model("vit_tiny_patch16_224", img_size=32, representation_size=64, num_classes=3).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        pre = model.forward_head(model.forward_features(x), pre_logits=True)
+        expected = torch.tanh(model.forward_features(x)[:, 0] @ model.pre_logits.fc.weight.T + model.pre_logits.fc.bias)
+    assert pre.shape == (2, 64) and torch.allclose(pre, expected, atol=1e-6)
+    assert model.head.in_features == 64
+
+
+def test_grad_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    model = vit_core.create_model("vit_tiny_patch16_224", img_size=32, depth=3, num_classes=4)
+    x = torch.randn(2, 3, 32, 32)
+    g1 = torch.autograd.grad(model(x).sum(), model.blocks[1].mlp.fc1.weight)[0]
+    model.set_grad_checkpointing()
+    g2 = torch.autograd.grad(model(x).sum(), model.blocks[1].mlp.fc1.weight)[0]
+    assert torch.allclose(g1, g2, atol=1e-6)
+
+
+def test_stochastic_depth_only_in_training():
+    model = vit_core.create_model("vit_tiny_patch16_224", img_size=32, depth=4, drop_path_rate=0.5)
+    assert [b.drop_path.p for b in model.blocks] == pytest.approx([0.0, 1 / 6, 2 / 6, 0.5])
+    x = torch.randn(8, 3, 32, 32)
+    model.train()
+    assert not torch.equal(model(x), model(x))
+    model.eval()
+    assert torch.equal(model(x), model(x))
