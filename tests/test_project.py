@@ -1,0 +1,39 @@
+"""The project's promises about itself: the README's two commands, CI running exactly the test one, lint."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert block and text.index(block.group(0)) < 400, "the README must open with its two commands"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_readme_opens_with_launch_and_test_commands():
+    launch, test = _readme_commands()[:2]
+    assert "requirements.txt" in launch and "app.py" in launch
+    assert "requirements-dev.txt" in test and "pytest" in test
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    test = _readme_commands()[1]
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert test in ci_lines
+
+
+@pytest.mark.skipif(
+    shutil.which("ruff") is None and not (ROOT / ".venv/bin/ruff").exists(), reason="ruff not installed"
+)
+def test_ruff_clean():
+    ruff = shutil.which("ruff") or str(ROOT / ".venv/bin/ruff")
+    for args in (["check", "."], ["format", "--check", "."]):
+        result = subprocess.run([ruff, *args], cwd=ROOT, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
