@@ -5,6 +5,8 @@ model = vit_core.create_model("vit_base_patch16_224", num_classes=10)
 logits, attentions = model(images, return_attention=True)
 model.save_pretrained("runs/b16")
 model = vit_core.from_pretrained("runs/b16", img_size=384)
+model = vit_core.from_pretrained("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")  # or transformers, .npz
+vit_core.push_to_hub(model, "me/my-vit")
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import CheckpointError, load_pretrained, save_pretrained
+from . import hub
+from .checkpoint import CheckpointError, save_pretrained
 from .config import ViTConfig, get_config, list_models
+from .hub import push_to_hub
 from .model import VisionTransformer, resample_pos_embed
 
 __all__ = [
@@ -24,6 +28,7 @@ __all__ = [
     "from_pretrained",
     "get_config",
     "list_models",
+    "push_to_hub",
     "resample_pos_embed",
     "save_pretrained",
 ]
@@ -36,7 +41,11 @@ def create_model(name: str | ViTConfig, **overrides: Any) -> VisionTransformer:
     return VisionTransformer(cfg)
 
 
-def from_pretrained(path: str | Path, **overrides: Any) -> VisionTransformer:
-    """Load a checkpoint folder (``model.safetensors`` + ``config.json``, ours or timm's), strictly,
-    in eval mode. ``img_size=...`` loads it at another resolution (position embeddings interpolated)."""
-    return load_pretrained(path, **overrides)
+def from_pretrained(
+    path: str | Path, revision: str | None = None, token: str | None = None, **overrides: Any
+) -> VisionTransformer:
+    """Load a ViT, strictly, in eval mode, from the first of: a local checkpoint folder (ours, timm's or
+    transformers'), a local original JAX ``.npz``, a Hub repo (``owner/name``, at ``revision``; ``token`` or
+    ``HF_TOKEN`` for private ones). ``img_size=...`` loads it at another resolution (position embeddings
+    interpolated); other keywords override config fields. See ``vit_core.hub``."""
+    return hub.from_pretrained(path, revision=revision, token=token, **overrides)

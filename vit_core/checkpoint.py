@@ -3,7 +3,7 @@
 ``config.json`` is the file timm writes with ``push_to_hf_hub`` and reads with ``local-dir:`` and
 ``hf-hub:``: ``architecture`` (a timm model name), ``num_classes``, ``num_features``, ``global_pool``,
 ``model_args`` (keyword arguments for that architecture), ``label_names`` and ``pretrained_cfg``
-(preprocessing). Fields timm has no argument for (the paper's ``representation_size``) are kept under
+(preprocessing). Fields timm has no argument for (the paper's ``representation_size``, ``norm_eps``) are kept under
 ``vit_core`` so our loader round-trips them; timm ignores that key.
 
 Weights are only ever read from safetensors: no pickle is unpickled here.
@@ -65,7 +65,7 @@ def config_to_dict(cfg: ViTConfig) -> dict[str, Any]:
         "model_args": model_args,
         "label_names": list(cfg.label_names) if cfg.label_names else None,
         "pretrained_cfg": cfg.pretrained_cfg(),
-        "vit_core": {"representation_size": cfg.representation_size, "name": cfg.name},
+        "vit_core": {"representation_size": cfg.representation_size, "norm_eps": cfg.norm_eps, "name": cfg.name},
     }
 
 
@@ -94,6 +94,8 @@ def config_from_dict(d: dict[str, Any], source: str = "config.json") -> ViTConfi
     if "num_classes" not in args and "num_classes" in pc:
         args["num_classes"] = pc["num_classes"]
     ours = d.get("vit_core") or {}
+    if ours.get("norm_eps"):
+        args["norm_eps"] = float(ours["norm_eps"])
     if ours.get("representation_size"):
         args["representation_size"] = ours["representation_size"]
     args["name"] = ours.get("name", arch)

@@ -49,6 +49,7 @@ class ViTConfig:
     num_heads: int = 12
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
+    norm_eps: float = 1e-6  # LayerNorm epsilon (timm and the JAX code; transformers' ViT uses 1e-12)
     class_token: bool = True
     # The paper's pre-training head: a hidden layer with tanh before the classifier (section 3.1).
     representation_size: int | None = None

@@ -159,9 +159,9 @@ class Block(nn.Module):
     def __init__(self, cfg: ViTConfig, drop_path: float) -> None:
         super().__init__()
         dim = cfg.embed_dim
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm1 = nn.LayerNorm(dim, eps=cfg.norm_eps)
         self.attn = Attention(dim, cfg.num_heads, cfg.qkv_bias, cfg.attn_drop_rate, cfg.proj_drop_rate)
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm2 = nn.LayerNorm(dim, eps=cfg.norm_eps)
         self.mlp = Mlp(dim, int(dim * cfg.mlp_ratio), cfg.proj_drop_rate)
         self.drop_path = DropPath(drop_path)
 
@@ -190,8 +190,8 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, r) for r in rates)
         # timm's layout: with average pooling the final LayerNorm moves after the pooling (fc_norm).
         use_fc_norm = cfg.global_pool == "avg"
-        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(D, eps=1e-6)
-        self.fc_norm = nn.LayerNorm(D, eps=1e-6) if use_fc_norm else nn.Identity()
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(D, eps=cfg.norm_eps)
+        self.fc_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
         self.pre_logits = _PreLogits(D, cfg.representation_size) if cfg.representation_size else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.num_features = cfg.representation_size or D

@@ -1,0 +1,271 @@
+"""The ``README.md`` model card pushed with a checkpoint: Hub metadata (YAML) and a readable body.
+
+What is read from a training run folder (the layout ``vit_core.engine`` writes):
+
+- ``metrics.jsonl``: one JSON object per line (per epoch). The reported accuracy is the value of the first
+  of ``ema_test_top1, top1, test_top1, test_acc, val_top1, val_acc, acc, accuracy`` found in the *last*
+  line that has one (``ema_test_top1`` first: with EMA the exported weights are the EMA's). All numeric
+  fields of that line go in the results table. Values are reported as recorded (percentages stay
+  percentages, fractions stay fractions).
+- ``recipe.json`` / ``recipe.yaml`` / ``recipe.yml``: shown in the card minus any key that looks like a
+  credential (token, secret, password, api key). Its ``data`` (or ``dataset``) names the dataset when none
+  is given: ``mnist``, ``fashion-mnist``, ``cifar10`` map to their Hub datasets, ``hf:owner/name`` is that
+  Hub dataset, anything else (a folder) is named but not linked. A recipe with ``task`` other than
+  ``classify`` (masked patch prediction pre-training) reports no classification accuracy.
+- top-level ``*.png`` files (training curves): embedded in the card.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from huggingface_hub import EvalResult, ModelCardData
+
+from .config import ViTConfig
+
+ACCURACY_KEYS = ("ema_test_top1", "top1", "test_top1", "test_acc", "val_top1", "val_acc", "acc", "accuracy")
+METRICS_NAME = "metrics.jsonl"
+RECIPE_NAMES = ("recipe.json", "recipe.yaml", "recipe.yml")
+TAGS = ["image-classification", "vit_core", "timm", "vision-transformer"]
+
+# Datasets this project trains on: name in recipes -> (Hub dataset id, display name).
+_DATASETS = {
+    "mnist": ("ylecun/mnist", "MNIST"),
+    "fashion-mnist": ("zalando-datasets/fashion_mnist", "Fashion-MNIST"),
+    "cifar10": ("uoft-cs/cifar10", "CIFAR-10"),
+    "imagenet-1k": ("ILSVRC/imagenet-1k", "ImageNet-1k"),
+}
+_SECRET_KEY = re.compile(r"token|secret|passw|api[_-]?key|credential", re.IGNORECASE)
+_SIZES = {(192, 12, 3): "Ti", (384, 12, 6): "S", (768, 12, 12): "B", (1024, 24, 16): "L", (1280, 32, 16): "H"}
+_RESNETS = {(3, 4, 9): "R50", (3, 4, 6, 3): "R50", (2, 2, 2, 2): "R26"}
+
+CITATION = """@inproceedings{dosovitskiy2021an,
+  title={An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale},
+  author={Alexey Dosovitskiy and Lucas Beyer and Alexander Kolesnikov and Dirk Weissenborn and Xiaohua Zhai
+          and Thomas Unterthiner and Mostafa Dehghani and Matthias Minderer and Georg Heigold and Sylvain Gelly
+          and Jakob Uszkoreit and Neil Houlsby},
+  booktitle={International Conference on Learning Representations},
+  year={2021},
+  url={https://openreview.net/forum?id=YicbFdNTTy}
+}"""
+
+
+# ------------------------------------------------------------------------------------ run files
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a ``metrics.jsonl`` file; lines that are not JSON objects are skipped
+    (a run interrupted mid-write leaves a partial last line)."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def final_metrics(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
+    """(accuracy key, row) for the last row that reports an accuracy, or None."""
+    for row in reversed(rows):
+        key = next((k for k in ACCURACY_KEYS if _is_number(row.get(k))), None)
+        if key is not None:
+            return key, row
+    return None
+
+
+def read_recipe(run_dir: str | Path) -> tuple[dict[str, Any], str] | None:
+    """(recipe with credential-like keys removed, 'json' or 'yaml') from a run folder, or None."""
+    for name in RECIPE_NAMES:
+        path = Path(run_dir) / name
+        if path.is_file():
+            text = path.read_text()
+            recipe = json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
+            if isinstance(recipe, dict):
+                return _without_secrets(recipe), "json" if name.endswith(".json") else "yaml"
+    return None
+
+
+def _without_secrets(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _without_secrets(v) for k, v in d.items() if not _SECRET_KEY.search(str(k))}
+    if isinstance(d, list):
+        return [_without_secrets(v) for v in d]
+    return d
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def dataset_from_recipe(recipe: dict[str, Any] | None) -> str | None:
+    if not recipe:
+        return None
+    for value in (recipe.get("dataset"), recipe.get("data")):
+        if isinstance(value, str):
+            return value
+        if isinstance(value, dict) and isinstance(value.get("name") or value.get("dataset"), str):
+            return value.get("name") or value.get("dataset")
+    return None
+
+
+def _dataset_ids(name: str) -> tuple[str | None, str]:
+    """(Hub dataset id or None, display name) for a dataset as a recipe names it."""
+    if name.startswith("hf:"):
+        return name[3:], name[3:]
+    key = name.lower().replace("_", "-")
+    key = {"cifar-10": "cifar10", "fashionmnist": "fashion-mnist", "imagenet": "imagenet-1k"}.get(key, key)
+    if key in _DATASETS:
+        return _DATASETS[key]
+    return None, Path(name).name or name  # a local folder: named, not linked
+
+
+# ------------------------------------------------------------------------------------ the card
+
+
+def describe(cfg: ViTConfig) -> str:
+    """The paper's notation for the variant: 'ViT-B/16', 'R50+ViT-B/16', or the shape spelled out."""
+    size = _SIZES.get((cfg.embed_dim, cfg.depth, cfg.num_heads))
+    if size is None:
+        return f"ViT with {cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, patch {cfg.feature_stride}"
+    if cfg.backbone_layers:
+        resnet = _RESNETS.get(tuple(cfg.backbone_layers), f"ResNet{list(cfg.backbone_layers)}")
+        return f"{resnet}+ViT-{size}/{cfg.feature_stride}"
+    return f"ViT-{size}/{cfg.patch_size}"
+
+
+def render_model_card(
+    cfg: ViTConfig,
+    repo_id: str,
+    *,
+    num_params: int | None = None,
+    metrics: list[dict[str, Any]] | None = None,
+    recipe: tuple[dict[str, Any], str] | None = None,
+    images: list[str] | None = None,
+    license: str = "apache-2.0",
+    dataset: str | None = None,
+) -> str:
+    """The model card text: YAML front matter (library, license, tags, pipeline, datasets, model-index
+    with the final accuracy) and a body with results, labels, usage, recipe and curves."""
+    name = repo_id.split("/")[-1]
+    dataset = dataset or dataset_from_recipe(recipe[0] if recipe else None)
+    dataset_id, dataset_name = _dataset_ids(dataset) if dataset else (None, None)
+    classifier = (recipe[0] if recipe else {}).get("task", "classify") == "classify"
+    final = final_metrics(metrics or []) if classifier else None
+    eval_results = None
+    if final and dataset_name:
+        key, row = final
+        eval_results = [
+            EvalResult(
+                task_type="image-classification",
+                dataset_type=dataset_id or dataset_name,
+                dataset_name=dataset_name,
+                dataset_split="validation" if key.startswith("val") else "test",
+                metric_type="accuracy",
+                metric_name="Top-1 accuracy",
+                metric_value=row[key],
+            )
+        ]
+    data = ModelCardData(
+        library_name="timm",
+        license=license,
+        tags=TAGS,
+        pipeline_tag="image-classification" if cfg.num_classes else "image-feature-extraction",
+        datasets=[dataset_id] if dataset_id else None,
+        metrics=["accuracy"] if final else None,
+        model_name=name if eval_results else None,
+        eval_results=eval_results,
+    )
+
+    h, w = cfg.img_hw
+    pool = (
+        "the classifier reads the class token (eq. 4)"
+        if cfg.global_pool == "token"
+        else "the classifier reads the mean of the patch tokens"
+    )
+    params = f", {num_params / 1e6:.2f}M parameters" if num_params else ""
+    trained = f" trained on {dataset_name}" if dataset_name else ""
+    parts = [
+        f"# {name}\n",
+        f"{describe(cfg)}{params}: a Vision Transformer (Dosovitskiy et al., ICLR 2021){trained} with vit_core. "
+        f"Input {h}x{w} with {cfg.in_chans} channel(s), normalised with mean {list(cfg.mean)} and std "
+        f"{list(cfg.std)}; {pool}. `config.json` is in timm's layout, so both vit_core and timm load this repo.\n",
+    ]
+    if metrics:
+        key, row = final or (None, metrics[-1])
+        lines = ["## Results\n", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in row.items() if _is_number(v)]
+        history = [r[key] for r in metrics if _is_number(r.get(key))] if key else []
+        if len(history) > 1 and max(history) != row[key]:
+            lines.append(f"\nBest {key} during training: {_fmt(max(history))}.")
+        parts.append("\n".join(lines) + "\n")
+    if cfg.label_names:
+        shown = [f"`{i}` {n}" for i, n in enumerate(cfg.label_names[:100])]
+        more = f", ... ({len(cfg.label_names)} classes, all in `config.json`)" if len(cfg.label_names) > 100 else ""
+        parts.append("## Labels\n\n" + ", ".join(shown) + more + "\n")
+    parts.append(_usage(cfg, repo_id))
+    if recipe:
+        body, fmt = recipe
+        text = json.dumps(body, indent=2) if fmt == "json" else yaml.safe_dump(body, sort_keys=False).rstrip()
+        parts.append(f"## Training recipe\n\n```{fmt}\n{text}\n```\n")
+    if images:
+        parts.append("## Training curves\n\n" + "\n".join(f"![{Path(i).stem}]({i})" for i in images) + "\n")
+    parts.append(f"## Citation\n\n```bibtex\n{CITATION}\n```\n")
+    return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(parts)
+
+
+def _fmt(v: float) -> str:
+    return str(v) if isinstance(v, int) else f"{v:.4g}"
+
+
+def _usage(cfg: ViTConfig, repo_id: str) -> str:
+    mode = {1: '.convert("L")', 3: '.convert("RGB")'}.get(cfg.in_chans, "")
+    timm_note = (
+        "\ntimm drops the pre-training `pre_logits` layer of this checkpoint on load, so its logits differ: "
+        "use vit_core for this one.\n"
+        if cfg.representation_size
+        else ""
+    )
+    return f"""## Usage
+
+With vit_core:
+
+```python
+import torch
+import vit_core
+from PIL import Image
+from torchvision import transforms as T
+
+model = vit_core.from_pretrained("{repo_id}")
+cfg = model.config
+transform = T.Compose([
+    T.Resize(cfg.img_hw, interpolation=T.InterpolationMode.{cfg.interpolation.upper()}),
+    T.ToTensor(),
+    T.Normalize(cfg.mean, cfg.std),
+])
+x = transform(Image.open("image.png"){mode}).unsqueeze(0)
+with torch.no_grad():
+    probs = model(x).softmax(-1)
+print(model.label_names[probs.argmax()] if model.label_names else probs.argmax().item())
+```
+
+With timm:
+
+```python
+import timm
+import torch
+from PIL import Image
+
+model = timm.create_model("hf-hub:{repo_id}", pretrained=True).eval()
+transform = timm.data.create_transform(**timm.data.resolve_data_config({{}}, model=model))
+with torch.no_grad():
+    probs = model(transform(Image.open("image.png"){mode}).unsqueeze(0)).softmax(-1)
+```
+{timm_note}"""
