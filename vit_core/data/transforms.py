@@ -1,0 +1,256 @@
+"""Preprocessing from a model's ``pretrained_cfg`` (timm's layout), for PIL images and uint8 tensor batches.
+
+Eval is timm's ``create_transform(is_training=False)``; the train augmentations are timm's own
+(RandomResizedCrop, RandAugment, RandomErasing, Mixup/CutMix) plus the classic pad-and-crop and flip,
+which run on whole uint8 batches on any device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torchvision.transforms.v2.functional as TF
+from PIL import Image
+from torchvision.transforms import InterpolationMode
+
+from .images import _match_channels, to_model_mode
+
+_INTERPOLATION = {"nearest": InterpolationMode.NEAREST, "bilinear": InterpolationMode.BILINEAR,
+                  "bicubic": InterpolationMode.BICUBIC}  # fmt: skip
+_PIL_RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
+                 "bicubic": Image.Resampling.BICUBIC}  # fmt: skip
+
+AUGMENT_DEFAULTS: dict[str, Any] = {
+    "crop": None,  # "rrc" | "pad" | "none"; None: "pad" for inputs <= 64 px, else "rrc"
+    "scale": (0.08, 1.0),  # RandomResizedCrop area range
+    "ratio": (3 / 4, 4 / 3),  # RandomResizedCrop aspect-ratio range
+    "padding": None,  # "pad": zero padding before the random crop; None: input size // 8 (4 px at 32)
+    "hflip": True,  # random horizontal flip, p = 0.5 (turn off for digits and text)
+    "rand_augment": None,  # timm RandAugment spec, e.g. "rand-m9-mstd0.5-inc1"
+    "re_prob": 0.0,  # timm RandomErasing probability, on the normalised tensor
+    "re_mode": "pixel",  # erase with per-pixel noise ("pixel"), per-channel noise ("rand") or zeros ("const")
+    "re_count": 1,  # up to this many erased boxes per image
+}
+
+
+def build_transform(
+    pretrained_cfg: dict[str, Any], train: bool = False, *, augment: dict[str, Any] | None = None
+) -> ImageTransform:
+    """The model's preprocessing, from its ``pretrained_cfg`` (timm's dict: input_size, mean, std,
+    interpolation, crop_pct).
+
+    Eval (``train=False``), as timm's ``create_transform(..., is_training=False)``: resize the shorter side to
+    ``input_size / crop_pct`` with the configured interpolation, center-crop to ``input_size``, scale to [0, 1],
+    normalise with mean/std. Channels follow ``input_size[0]`` (``to_model_mode``).
+
+    Train: ``augment`` keys (see ``AUGMENT_DEFAULTS``): ``crop`` "pad" (resize to the input size if the image
+    differs, zero-pad, random crop back: the classic CIFAR/MNIST recipe), "rrc" (timm's
+    RandomResizedCrop with ``scale`` and ``ratio``) or "none" (resize + center crop); ``hflip``;
+    ``rand_augment`` (timm's RandAugment, a per-image PIL op); ``re_prob``/``re_mode``/``re_count`` (timm's
+    RandomErasing). Unknown keys are an error. Mixup/CutMix act on batches and labels: ``build_mixup``.
+    """
+    return ImageTransform(pretrained_cfg, train, augment)
+
+
+class ImageTransform:
+    """PIL image, uint8 (C, H, W) or uint8 (B, C, H, W) -> normalised float32 of the same rank.
+
+    ``needs_pil`` is True when a per-image PIL op (RandAugment) is on: batches still work, image by image,
+    but belong in DataLoader workers.
+    """
+
+    def __init__(self, pretrained_cfg: dict[str, Any], train: bool, augment: dict[str, Any] | None) -> None:
+        missing = [k for k in ("input_size", "mean", "std") if k not in pretrained_cfg]
+        if missing:
+            raise ValueError(f"pretrained_cfg lacks {', '.join(missing)} (need input_size, mean, std)")
+        self.in_chans, *hw = (int(v) for v in pretrained_cfg["input_size"])
+        self.size: tuple[int, int] = (hw[0], hw[1])
+        self.mean = torch.tensor(pretrained_cfg["mean"], dtype=torch.float32).view(-1, 1, 1)
+        self.std = torch.tensor(pretrained_cfg["std"], dtype=torch.float32).view(-1, 1, 1)
+        self.interpolation = pretrained_cfg.get("interpolation", "bicubic")
+        self.crop_pct = float(pretrained_cfg.get("crop_pct") or 0.875)  # timm's default
+        if self.interpolation not in _INTERPOLATION:
+            raise ValueError(f"interpolation {self.interpolation!r} unsupported; use one of {sorted(_INTERPOLATION)}")
+        if pretrained_cfg.get("crop_mode", "center") != "center":
+            raise ValueError(f"crop_mode {pretrained_cfg['crop_mode']!r} unsupported; only 'center'")
+        if len(self.mean) != self.in_chans or len(self.std) != self.in_chans:
+            raise ValueError(f"mean/std need {self.in_chans} values for input_size {pretrained_cfg['input_size']}")
+        if self.in_chans not in (1, 3):
+            raise ValueError(f"models take 1 or 3 input channels, got input_size {pretrained_cfg['input_size']}")
+        self.train = train
+        self.augment = _check_augment(augment, self.size) if train else {}
+        self._rrc = self._rand_augment = None
+        if self.augment.get("crop") == "rrc":
+            from timm.data.transforms import RandomResizedCropAndInterpolation
+
+            a = self.augment
+            self._rrc = RandomResizedCropAndInterpolation(self.size, a["scale"], a["ratio"], self.interpolation)
+        if self.augment.get("rand_augment"):
+            self._rand_augment = self._build_rand_augment(self.augment["rand_augment"])
+        self.needs_pil = self._rand_augment is not None
+
+    def _build_rand_augment(self, spec: str) -> Callable[[Image.Image], Image.Image]:
+        from timm.data.auto_augment import rand_augment_transform
+
+        # timm's hparams for RandAugment (transforms_factory.transforms_imagenet_train)
+        hparams = {
+            "translate_const": int(min(self.size) * 0.45),
+            "img_mean": tuple(min(255, round(255 * float(m))) for m in self.mean.flatten()),
+            "interpolation": _PIL_RESAMPLE[self.interpolation],
+        }
+        if self.in_chans == 1:
+            hparams["img_mean"] = hparams["img_mean"][0]  # PIL wants a scalar fill for "L"
+        try:
+            return rand_augment_transform(spec, hparams)
+        except Exception as e:
+            raise ValueError(f"bad rand_augment spec {spec!r} ({e}); e.g. 'rand-m9-mstd0.5-inc1'") from e
+
+    def __call__(self, img: Image.Image | torch.Tensor) -> torch.Tensor:
+        batched = isinstance(img, torch.Tensor) and img.ndim == 4
+        if isinstance(img, Image.Image):
+            img = to_model_mode(img, self.in_chans)
+        elif isinstance(img, torch.Tensor) and img.dtype == torch.uint8 and img.ndim in (3, 4):
+            img = _match_channels(img if batched else img[None], self.in_chans)
+        else:
+            got = f"{img.dtype} tensor of shape {tuple(img.shape)}" if isinstance(img, torch.Tensor) else type(img)
+            raise TypeError(f"expected a PIL image or a uint8 (C, H, W) / (B, C, H, W) tensor, got {got}")
+
+        crop = self.augment.get("crop")
+        if crop == "rrc":
+            img = self._rrc(img) if isinstance(img, Image.Image) else torch.stack([self._rrc(x) for x in img])
+        else:  # eval zooms by 1 / crop_pct like timm; train crops from the whole image
+            img = _resize_center_crop(img, self.size, self.crop_pct if not self.train else 1.0, self.interpolation)
+        x = TF.pil_to_tensor(img)[None] if isinstance(img, Image.Image) else img
+
+        if self.train:
+            if crop == "pad":
+                x = _random_pad_crop(x, self.augment["padding"])
+            if self.augment["hflip"]:
+                x = _random_hflip(x)
+            if self._rand_augment is not None:
+                pils = [TF.to_pil_image(xi) for xi in x.cpu()]
+                x = torch.stack([TF.pil_to_tensor(self._rand_augment(p)) for p in pils]).to(x.device)
+        # ToTensor + Normalize, as torchvision computes them (same bits as timm's eval transform)
+        x = x.to(torch.float32).div(255).sub(self.mean.to(x.device)).div(self.std.to(x.device))
+        if self.train and self.augment["re_prob"] > 0:
+            from timm.data.random_erasing import RandomErasing
+
+            a = self.augment
+            x = RandomErasing(a["re_prob"], mode=a["re_mode"], max_count=a["re_count"], device=x.device)(x)
+        return x if batched else x[0]
+
+    def __repr__(self) -> str:
+        aug = f", augment={self.augment}" if self.train else ""
+        return (
+            f"ImageTransform(train={self.train}, input_size={(self.in_chans, *self.size)}, "
+            f"interpolation={self.interpolation!r}, crop_pct={self.crop_pct}{aug})"
+        )
+
+
+def _check_augment(augment: dict[str, Any] | None, size: tuple[int, int]) -> dict[str, Any]:
+    augment = dict(augment or {})
+    unknown = sorted(set(augment) - set(AUGMENT_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown augment key(s) {', '.join(unknown)}; known: {', '.join(AUGMENT_DEFAULTS)}")
+    a = {**AUGMENT_DEFAULTS, **augment}
+    if a["crop"] is None:
+        a["crop"] = "pad" if max(size) <= 64 else "rrc"
+    if a["padding"] is None:
+        a["padding"] = max(1, min(size) // 8)
+    problems = []
+    if a["crop"] not in ("rrc", "pad", "none"):
+        problems.append(f"crop must be 'rrc', 'pad' or 'none', got {a['crop']!r}")
+    for key, hi in (("scale", 1.0), ("ratio", math.inf)):
+        if len(a[key]) != 2 or not 0 < a[key][0] <= a[key][1] <= hi:
+            problems.append(f"{key} must be [lo, hi] with 0 < lo <= hi{' <= 1' if hi == 1 else ''}, got {a[key]}")
+    if not isinstance(a["padding"], int) or a["padding"] < 0:
+        problems.append(f"padding must be an int >= 0, got {a['padding']!r}")
+    if not isinstance(a["hflip"], bool):
+        problems.append(f"hflip must be true or false, got {a['hflip']!r}")
+    if a["rand_augment"] is not None and not str(a["rand_augment"]).startswith("rand"):
+        problems.append(
+            f"rand_augment must be a RandAugment spec like 'rand-m9-mstd0.5-inc1', got {a['rand_augment']!r}"
+        )
+    if not 0 <= a["re_prob"] <= 1:
+        problems.append(f"re_prob must be in [0, 1], got {a['re_prob']}")
+    if a["re_mode"] not in ("pixel", "rand", "const"):
+        problems.append(f"re_mode must be 'pixel', 'rand' or 'const', got {a['re_mode']!r}")
+    if not isinstance(a["re_count"], int) or a["re_count"] < 1:
+        problems.append(f"re_count must be an int >= 1, got {a['re_count']!r}")
+    if problems:
+        raise ValueError("invalid augment: " + "; ".join(problems))
+    a["scale"], a["ratio"] = tuple(a["scale"]), tuple(a["ratio"])
+    return a
+
+
+def _resize_center_crop(
+    img: Image.Image | torch.Tensor, size: tuple[int, int], crop_pct: float, interpolation: str
+) -> Image.Image | torch.Tensor:
+    """timm's eval geometry: shorter side to size / crop_pct (torchvision ``Resize(int)`` sizes, or timm's
+    ``ResizeKeepRatio`` for non-square sizes), then ``CenterCrop(size)`` (zero-padding if smaller)."""
+    h, w = (img.height, img.width) if isinstance(img, Image.Image) else img.shape[-2:]
+    ch, cw = size
+    if ch == cw:
+        s = math.floor(ch / crop_pct)
+        sh, sw = (int(s * h / w), s) if w <= h else (s, int(s * w / h))
+    else:
+        ratio = min(h / math.floor(ch / crop_pct), w / math.floor(cw / crop_pct))
+        sh, sw = round(h / ratio), round(w / ratio)
+    if isinstance(img, torch.Tensor):
+        if (sh, sw) != (h, w):
+            img = TF.resize(img, [sh, sw], interpolation=_INTERPOLATION[interpolation], antialias=True)
+        return TF.center_crop(img, [ch, cw])
+    if sh * sw <= 1 << 24:  # the usual case: exactly timm's resize, then crop
+        return TF.center_crop(img.resize((sw, sh), _PIL_RESAMPLE[interpolation]), [ch, cw])
+    # Extreme aspect ratios (a 1x20000 strip would become 248x5 million pixels): resample only the region
+    # the crop keeps (``box``). Same sampling positions and filter; only the rounding between PIL's two
+    # passes may differ.
+    top = round((sh - ch) / 2.0) if sh > ch else 0  # torchvision's CenterCrop offsets
+    left = round((sw - cw) / 2.0) if sw > cw else 0
+    oh, ow = min(ch, sh), min(cw, sw)
+    box = (left * w / sw, top * h / sh, (left + ow) * w / sw, (top + oh) * h / sh)
+    img = img.resize((ow, oh), _PIL_RESAMPLE[interpolation], box=box)
+    return img if (oh, ow) == (ch, cw) else TF.center_crop(img, [ch, cw])
+
+
+def _random_pad_crop(x: torch.Tensor, padding: int) -> torch.Tensor:
+    """Zero-pad each side by ``padding`` and crop back at a random offset, per image of the batch
+    (torchvision's ``RandomCrop(size, padding)``, vectorised)."""
+    if padding == 0:
+        return x
+    B, _, H, W = x.shape
+    # every crop position as a view (B, C, 2p+1, 2p+1, H, W); pick one per image
+    windows = torch.nn.functional.pad(x, (padding,) * 4).unfold(2, H, 1).unfold(3, W, 1)
+    dy, dx = torch.randint(0, 2 * padding + 1, (2, B)).to(x.device)
+    return windows[torch.arange(B, device=x.device), :, dy, dx]
+
+
+def _random_hflip(x: torch.Tensor) -> torch.Tensor:
+    flip = (torch.rand(x.shape[0]) < 0.5).to(x.device)[:, None, None, None]
+    return torch.where(flip, x.flip(-1), x)
+
+
+def build_mixup(
+    num_classes: int,
+    mixup_alpha: float = 0.0,
+    cutmix_alpha: float = 0.0,
+    prob: float = 1.0,
+    switch_prob: float = 0.5,
+    label_smoothing: float = 0.1,
+) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+    """timm's batch Mixup/CutMix, or None when both alphas are 0.
+
+    ``x, y_soft = mixup(x, y)`` on a normalised batch (even batch size: drop the last partial batch) gives
+    soft targets (label smoothing included) for ``timm.loss.SoftTargetCrossEntropy``.
+    """
+    if mixup_alpha <= 0 and cutmix_alpha <= 0:
+        return None
+    from timm.data import Mixup
+
+    return Mixup(
+        mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=prob, switch_prob=switch_prob,
+        label_smoothing=label_smoothing, num_classes=num_classes,
+    )  # fmt: skip
