@@ -481,3 +481,22 @@ def test_mnist_train_batches():
     x = tf(ds.images[torch.randperm(len(ds))[:256]])
     assert x.shape == (256, 3, 28, 28) and x.dtype == torch.float32
     assert x.min() == pytest.approx(-1.0) and x.max() == pytest.approx(1.0)
+
+
+def test_crop_box_is_the_region_the_eval_transform_keeps():
+    cfg = {"input_size": (3, 224, 224), "mean": (0.5,) * 3, "std": (0.5,) * 3, "crop_pct": 0.875,
+           "interpolation": "bilinear"}  # fmt: skip
+    tf = build_transform(cfg)
+    w, h = 400, 300
+    left, top, right, bottom = tf.crop_box(w, h)
+    side = 0.875 * min(w, h)  # a centred square of crop_pct times the short side
+    assert right - left == pytest.approx(side, abs=1) and bottom - top == pytest.approx(side, abs=1)
+    assert (left + right) / 2 == pytest.approx(w / 2, abs=1) and (top + bottom) / 2 == pytest.approx(h / 2, abs=1)
+    # Cropping the original there and resizing gives what the transform gives (up to resampling order).
+    rng = np.random.default_rng(0)
+    smooth = Image.fromarray(rng.integers(0, 255, (h // 20, w // 20, 3), dtype=np.uint8)).resize((w, h))
+    normalise_only = build_transform({**cfg, "crop_pct": 1.0})  # a 224x224 input passes through unresized
+    expected = normalise_only(smooth.crop((left, top, right, bottom)).resize((224, 224), Image.BILINEAR))
+    assert (tf(smooth) - expected).abs().mean() < 0.02
+    # Small images are upsampled first, so the same rule holds: 0.875 * 80 = 70 px, centred.
+    assert tf.crop_box(100, 80) == (15.0, 5.0, 85.0, 75.0)

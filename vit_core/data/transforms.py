@@ -142,6 +142,11 @@ class ImageTransform:
             x = RandomErasing(a["re_prob"], mode=a["re_mode"], max_count=a["re_count"], device=x.device)(x)
         return x if batched else x[0]
 
+    def crop_box(self, width: int, height: int) -> tuple[float, float, float, float]:
+        """The region (left, top, right, bottom) of a ``width`` x ``height`` image that the eval transform keeps,
+        in that image's pixels: where a relevance map over the model's input belongs on the original image."""
+        return _crop_region(height, width, self.size, self.crop_pct)[2]
+
     def __repr__(self) -> str:
         aug = f", augment={self.augment}" if self.train else ""
         return (
@@ -186,19 +191,36 @@ def _check_augment(augment: dict[str, Any] | None, size: tuple[int, int]) -> dic
     return a
 
 
-def _resize_center_crop(
-    img: Image.Image | torch.Tensor, size: tuple[int, int], crop_pct: float, interpolation: str
-) -> Image.Image | torch.Tensor:
-    """timm's eval geometry: shorter side to size / crop_pct (torchvision ``Resize(int)`` sizes, or timm's
-    ``ResizeKeepRatio`` for non-square sizes), then ``CenterCrop(size)`` (zero-padding if smaller)."""
-    h, w = (img.height, img.width) if isinstance(img, Image.Image) else img.shape[-2:]
+def _resized_size(h: int, w: int, size: tuple[int, int], crop_pct: float) -> tuple[int, int]:
+    """timm's eval resize: shorter side to size / crop_pct (torchvision ``Resize(int)`` sizes, or timm's
+    ``ResizeKeepRatio`` for non-square sizes)."""
     ch, cw = size
     if ch == cw:
         s = math.floor(ch / crop_pct)
-        sh, sw = (int(s * h / w), s) if w <= h else (s, int(s * w / h))
-    else:
-        ratio = min(h / math.floor(ch / crop_pct), w / math.floor(cw / crop_pct))
-        sh, sw = round(h / ratio), round(w / ratio)
+        return (int(s * h / w), s) if w <= h else (s, int(s * w / h))
+    ratio = min(h / math.floor(ch / crop_pct), w / math.floor(cw / crop_pct))
+    return round(h / ratio), round(w / ratio)
+
+
+def _crop_region(h: int, w: int, size: tuple[int, int], crop_pct: float) -> tuple[int, int, tuple[float, ...]]:
+    """What ``CenterCrop(size)`` keeps of the resized image: its (height, width) and the same region as a box
+    (left, top, right, bottom) in the original image's pixels."""
+    sh, sw = _resized_size(h, w, size, crop_pct)
+    ch, cw = size
+    top = round((sh - ch) / 2.0) if sh > ch else 0  # torchvision's CenterCrop offsets
+    left = round((sw - cw) / 2.0) if sw > cw else 0
+    oh, ow = min(ch, sh), min(cw, sw)
+    return oh, ow, (left * w / sw, top * h / sh, (left + ow) * w / sw, (top + oh) * h / sh)
+
+
+def _resize_center_crop(
+    img: Image.Image | torch.Tensor, size: tuple[int, int], crop_pct: float, interpolation: str
+) -> Image.Image | torch.Tensor:
+    """timm's eval geometry: shorter side to size / crop_pct, then ``CenterCrop(size)`` (zero-padding if
+    smaller)."""
+    h, w = (img.height, img.width) if isinstance(img, Image.Image) else img.shape[-2:]
+    ch, cw = size
+    sh, sw = _resized_size(h, w, size, crop_pct)
     if isinstance(img, torch.Tensor):
         if (sh, sw) != (h, w):
             img = TF.resize(img, [sh, sw], interpolation=_INTERPOLATION[interpolation], antialias=True)
@@ -206,12 +228,8 @@ def _resize_center_crop(
     if sh * sw <= 1 << 24:  # the usual case: exactly timm's resize, then crop
         return TF.center_crop(img.resize((sw, sh), _PIL_RESAMPLE[interpolation]), [ch, cw])
     # Extreme aspect ratios (a 1x20000 strip would become 248x5 million pixels): resample only the region
-    # the crop keeps (``box``). Same sampling positions and filter; only the rounding between PIL's two
-    # passes may differ.
-    top = round((sh - ch) / 2.0) if sh > ch else 0  # torchvision's CenterCrop offsets
-    left = round((sw - cw) / 2.0) if sw > cw else 0
-    oh, ow = min(ch, sh), min(cw, sw)
-    box = (left * w / sw, top * h / sh, (left + ow) * w / sw, (top + oh) * h / sh)
+    # the crop keeps. Same sampling positions and filter; only the rounding between PIL's two passes may differ.
+    oh, ow, box = _crop_region(h, w, size, crop_pct)
     img = img.resize((ow, oh), _PIL_RESAMPLE[interpolation], box=box)
     return img if (oh, ow) == (ch, cw) else TF.center_crop(img, [ch, cw])
 
