@@ -1,0 +1,360 @@
+"""Where the model looked: relevance maps, the paper's figure 7 analyses, and scores for maps.
+
+Relevance maps (all batched, all read from ``model(x, return_attention=True)``: no hooks)
+
+- ``attention_rollout``: Abnar & Zuidema, "Quantifying Attention Flow in Transformers" (ACL 2020).
+  Each layer's attention, heads fused, plus the identity for the residual path, rows renormalised:
+  ``Â_l = (A_l + I) / rowsum(A_l + I)``; the rollout is ``Â_L ... Â_1`` and the map is the read-out
+  token's row of it over the patch tokens.
+- ``gradient_rollout``: Chefer, Gur & Wolf, "Generic Attention-model Explainability for Interpreting
+  Bi-Modal and Encoder-Decoder Transformers" (ICCV 2021), its LRP-free update rule for self-attention:
+  ``Ā_l = E_h[(∇A_l ⊙ A_l)^+]``, ``R = I``, ``R <- R + Ā_l R`` for l = 1..L, where ``∇A_l`` is the
+  gradient of the target class's logit with respect to layer l's attention probabilities.
+- ``attention_maps``: one layer's raw attention (one head, or the mean over heads).
+
+Conventions shared by all maps:
+
+- The read-out row is what the classifier reads (eq. 4): the class token's row (token 0) for
+  ``global_pool='token'``; for average-pooled models (``global_pool='avg'``, with or without a class
+  token) the mean of the patch tokens' rows, since the head reads the mean of the patch tokens.
+- Only the row is propagated: ``e^T Â_L ... Â_1`` is a vector-matrix chain from the last layer down,
+  O(T^2) per layer instead of the O(T^3) of the full matrix product, so the maps cost little more than
+  the forward pass that produces the attentions. Arithmetic is float32 whatever the model's dtype.
+- Any number of prefix tokens (``model.num_prefix_tokens``) is dropped from the read-out columns; the
+  token grid is ``ceil(H / stride), ceil(W / stride)`` with ``stride = model.config.feature_stride``
+  (hybrids pad 'same'), so non-square inputs work.
+- Maps are (B, grid_h, grid_w) float32, divided by their per-image maximum (so the largest entry is 1
+  and ratios between patches are kept; an all-zero map stays zero). ``attention_maps`` returns the
+  raw probabilities instead.
+- Inputs are model-ready tensors (resized and normalised with ``model.config.mean/std``). The model is
+  put in eval mode for the call and restored afterwards; parameters' ``.grad`` is never touched.
+
+Figure 7 of Dosovitskiy et al. (``embedding_filters``, ``position_embedding_similarity``,
+``mean_attention_distance``) returns tensors; ``vit_core.figures`` renders them as the paper does.
+
+``deletion_insertion_auc`` scores any map function (Petsiuk et al., "RISE", BMVC 2018).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MapFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+HEAD_FUSIONS = ("mean", "max", "min")
+
+
+# -------------------------------------------------------------------------------------- helpers
+
+
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode for the duration (dropout off, so maps are deterministic), then every module's own
+    flag restored, not just the root's."""
+    training = [m for m in model.modules() if m.training]
+    for m in training:
+        m.training = False
+    try:
+        yield
+    finally:
+        for m in training:
+            m.training = True
+
+
+def _grid(model: nn.Module, images: torch.Tensor) -> tuple[int, int]:
+    """Token grid of ``images``: ceil(side / stride), as hybrids pad 'same'."""
+    if not isinstance(images, torch.Tensor) or images.ndim != 4:
+        shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+        raise ValueError(f"expected a batch of images shaped (B, C, H, W), got {shape}; add a batch dim with x[None]")
+    stride = model.config.feature_stride
+    return -(-images.shape[-2] // stride), -(-images.shape[-1] // stride)
+
+
+def _attentions(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], tuple[int, int]]:
+    """Logits, per-layer attention probabilities and token grid, checked against each other."""
+    grid = _grid(model, images)
+    logits, attns = model(images, return_attention=True)
+    expected = model.num_prefix_tokens + grid[0] * grid[1]
+    if attns[0].shape[-1] != expected:
+        raise ValueError(
+            f"attention has {attns[0].shape[-1]} tokens but a {grid[0]}x{grid[1]} grid with "
+            f"{model.num_prefix_tokens} prefix token(s) makes {expected}; is model.config.feature_stride right?"
+        )
+    return logits, attns, grid
+
+
+def _readout(model: nn.Module, batch: int, tokens: int, device: torch.device) -> torch.Tensor:
+    """(B, T) weights of the row the classifier reads: e_0 (class token), or the mean of the patch
+    tokens' rows for average-pooled models."""
+    prefix = model.num_prefix_tokens
+    v = torch.zeros(batch, tokens, device=device)
+    if getattr(model.config, "global_pool", "token") == "avg":
+        v[:, prefix:] = 1.0 / (tokens - prefix)
+    else:
+        v[:, 0] = 1.0
+    return v
+
+
+def _to_map(row: torch.Tensor, prefix: int, grid: tuple[int, int]) -> torch.Tensor:
+    """(B, T) row -> (B, h, w) map over the patch tokens, divided by its per-image maximum."""
+    m = row[:, prefix:].reshape(-1, *grid)
+    return m / m.amax(dim=(1, 2), keepdim=True).clamp_min(torch.finfo(m.dtype).tiny)
+
+
+def _targets(target: int | Sequence[int] | torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
+    """(B,) class indices: the prediction (None), one class for all, or one per image."""
+    B, C = logits.shape
+    if target is None:
+        return logits.argmax(dim=-1)
+    t = torch.as_tensor(target, device=logits.device).long().reshape(-1)
+    if t.numel() == 1:
+        t = t.expand(B)
+    if t.numel() != B:
+        raise ValueError(f"target has {t.numel()} classes for {B} images; pass None, one int, or one per image")
+    if t.min() < 0 or t.max() >= C:
+        raise ValueError(f"target classes must lie in [0, {C}), got {t.tolist()}")
+    return t
+
+
+def _fuse_heads(attn: torch.Tensor, head_fusion: str) -> torch.Tensor:
+    """(B, heads, T, T) -> (B, T, T) float32."""
+    attn = attn.float()
+    if head_fusion == "mean":
+        return attn.mean(dim=1)
+    return attn.amax(dim=1) if head_fusion == "max" else attn.amin(dim=1)
+
+
+def _discard_lowest(fused: torch.Tensor, ratio: float, prefix: int) -> torch.Tensor:
+    """Zero the lowest ``ratio`` of each (T, T) matrix's entries, never a prefix token's attention to
+    itself (as vit-explain keeps the class token's own entry, so its row never empties)."""
+    B, T, _ = fused.shape
+    k = int(T * T * ratio)
+    if k == 0:
+        return fused
+    lowest = fused.reshape(B, T * T).topk(k, dim=-1, largest=False).indices
+    drop = torch.zeros(B, T * T, dtype=torch.bool, device=fused.device).scatter_(1, lowest, True)
+    drop[:, torch.arange(prefix, device=fused.device) * (T + 1)] = False
+    return fused.masked_fill(drop.reshape(B, T, T), 0.0)
+
+
+# ------------------------------------------------------------------------------- relevance maps
+
+
+def attention_rollout(
+    model: nn.Module,
+    images: torch.Tensor,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    start_layer: int = 0,
+    return_logits: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention rollout (Abnar & Zuidema 2020): (B, grid_h, grid_w) maps in [0, 1].
+
+    Per layer l >= ``start_layer``: fuse the heads (``"mean"``, ``"max"`` or ``"min"``), optionally zero
+    the lowest ``discard_ratio`` of the fused matrix (keeping prefix tokens' own entries), add the
+    identity for the residual path and renormalise each row to sum 1. The map is the read-out row of
+    ``Â_L ... Â_start`` over the patch tokens (see the module docstring), divided by its maximum.
+    ``return_logits=True`` returns ``(logits, maps)`` from the same forward pass.
+    """
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    depth = len(model.blocks)
+    if not 0 <= start_layer < depth:
+        raise ValueError(f"start_layer must be in [0, {depth}) for this {depth}-layer model, got {start_layer}")
+    prefix = model.num_prefix_tokens
+    with _eval_mode(model), torch.no_grad():
+        logits, attns, grid = _attentions(model, images)
+        B, _, T, _ = attns[0].shape
+        v = _readout(model, B, T, attns[0].device)
+        for attn in reversed(attns[start_layer:]):
+            a = _discard_lowest(_fuse_heads(attn, head_fusion), discard_ratio, prefix)
+            # v^T (A + I) / rowsum(A + I): scale v by the row norms, then one vector-matrix product.
+            u = v / (a.sum(dim=-1) + 1.0)
+            v = torch.bmm(u.unsqueeze(1), a).squeeze(1) + u
+    maps = _to_map(v, prefix, grid)
+    return (logits, maps) if return_logits else maps
+
+
+def gradient_rollout(
+    model: nn.Module,
+    images: torch.Tensor,
+    target: int | Sequence[int] | torch.Tensor | None = None,
+    return_logits: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Gradient-weighted attention rollout (Chefer et al. 2021, the LRP-free self-attention rule):
+    (B, grid_h, grid_w) maps in [0, 1] for ``target`` (None: each image's predicted class; an int;
+    or one class per image).
+
+    ``Ā_l = mean_heads(clamp(∂y_t/∂A_l ⊙ A_l, min=0))``, ``R = (I + Ā_L) ... (I + Ā_1)``, map = the
+    read-out row of R over the patch tokens. ``y_t`` is the target logit. One backward pass serves
+    the whole batch: images do not interact in a ViT, so the gradient of the summed target logits with
+    respect to image b's attention is that of image b's own logit. ``return_logits=True`` returns
+    ``(logits, maps)`` from the same forward pass.
+    """
+    prefix = model.num_prefix_tokens
+    # inference_mode(False)/enable_grad: work even when called under no_grad or inference_mode.
+    # The input requires grad so the attentions are in the graph even when every parameter is frozen.
+    with _eval_mode(model), torch.inference_mode(False), torch.enable_grad():
+        x = images.detach().clone().requires_grad_(True)
+        logits, attns, grid = _attentions(model, x)
+        t = _targets(target, logits)
+        score = logits.gather(1, t[:, None]).sum()
+        # Gradients for exactly these tensors, paired by position: grads[l] = d score / d attns[l].
+        grads = torch.autograd.grad(score, attns)
+    B, _, T, _ = attns[0].shape
+    v = _readout(model, B, T, attns[0].device)
+    for attn, grad in zip(reversed(attns), reversed(grads), strict=True):
+        cam = (grad.detach().float() * attn.detach().float()).clamp(min=0).mean(dim=1)
+        v = v + torch.bmm(v.unsqueeze(1), cam).squeeze(1)  # v^T (I + Ā_l)
+    maps = _to_map(v, prefix, grid)
+    return (logits.detach(), maps) if return_logits else maps
+
+
+def attention_maps(
+    model: nn.Module, images: torch.Tensor, layer: int, head: int | None = None, return_logits: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Raw attention of the read-out token over the patch tokens at one layer: (B, grid_h, grid_w)
+    softmax probabilities, not rescaled. ``layer`` indexes the blocks (negative counts from the end);
+    ``head=None`` averages the heads. ``return_logits=True`` returns ``(logits, maps)``."""
+    depth = len(model.blocks)
+    if not -depth <= layer < depth:
+        raise ValueError(f"layer must be in [-{depth}, {depth}) for this {depth}-layer model, got {layer}")
+    heads = model.blocks[layer].attn.num_heads
+    if head is not None and not 0 <= head < heads:
+        raise ValueError(f"head must be None (mean) or in [0, {heads}), got {head}")
+    with _eval_mode(model), torch.no_grad():
+        logits, attns, grid = _attentions(model, images)
+    attn = attns[layer].float()
+    attn = attn.mean(dim=1) if head is None else attn[:, head]
+    B, T, _ = attn.shape
+    row = torch.bmm(_readout(model, B, T, attn.device).unsqueeze(1), attn).squeeze(1)
+    maps = row[:, model.num_prefix_tokens :].reshape(B, *grid)
+    return (logits, maps) if return_logits else maps
+
+
+# ----------------------------------------------------------------------- figure 7 of the paper
+
+
+def embedding_filters(model: nn.Module, n: int = 28) -> torch.Tensor:
+    """Principal components of the patch projection E's filters (paper fig. 7 left): (n, C, P, P).
+
+    The D filters of E, flattened to C*P*P pixels, are centred and decomposed (SVD); rows are the
+    components in order of explained variance. A component's sign is arbitrary; we make its entry of
+    largest magnitude positive so results are reproducible.
+    """
+    if model.config.backbone_layers:
+        raise ValueError("hybrid models embed ResNet features, not pixels: their filters are not images")
+    w = model.patch_embed.proj.weight.detach().float()  # (D, C, P, P)
+    D, C, P, _ = w.shape
+    if not 1 <= n <= min(D, C * P * P):
+        raise ValueError(f"n must be in [1, {min(D, C * P * P)}] for {D} filters of {C}x{P}x{P} pixels, got {n}")
+    flat = w.reshape(D, -1)
+    _, _, vh = torch.linalg.svd(flat - flat.mean(dim=0), full_matrices=False)
+    comps = vh[:n]
+    sign = comps.gather(1, comps.abs().argmax(dim=1, keepdim=True)).sign()
+    return (comps * sign).reshape(n, C, P, P)
+
+
+def position_embedding_similarity(model: nn.Module) -> torch.Tensor:
+    """Cosine similarity between the learned position embeddings of the patches (paper fig. 7 centre):
+    (h, w, h, w), entry [i, j] is the (h, w) map of patch (i, j)'s similarity to every patch."""
+    h, w = model.patch_embed.grid_size
+    pos = model.pos_embed.detach()[0, -h * w :].float()  # the patches' entries come after any prefix tokens'
+
+    pos = F.normalize(pos, dim=-1)
+    return (pos @ pos.T).reshape(h, w, h, w)
+
+
+def mean_attention_distance(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """Mean attention distance in pixels (paper fig. 7 right and fig. 11): (depth, heads).
+
+    For each query patch, the distance between its centre and every key patch's centre, weighted by
+    the attention probability, averaged over query patches and images. Prefix tokens have no place in
+    the image: they are left out as queries, and each query's attention over the patch keys is
+    renormalised to sum 1 (otherwise mass on the class token would count as distance 0).
+    """
+    prefix = model.num_prefix_tokens
+    with _eval_mode(model), torch.no_grad():
+        _, attns, grid = _attentions(model, images)
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    centres = torch.stack([rows, cols], dim=-1).reshape(-1, 2).float() * model.config.feature_stride
+    dist = torch.cdist(centres, centres).to(attns[0].device)  # (N, N) pixels
+    out = []
+    for attn in attns:
+        a = attn[:, :, prefix:, prefix:].float()
+        a = a / a.sum(dim=-1, keepdim=True)
+        out.append(torch.einsum("bhqk,qk->bhq", a, dist).mean(dim=(0, 2)))
+    return torch.stack(out)
+
+
+# ------------------------------------------------------------------------ scoring explanations
+
+
+def deletion_insertion_auc(
+    model: nn.Module,
+    images: torch.Tensor,
+    map_fn: MapFn = attention_rollout,
+    target: int | Sequence[int] | torch.Tensor | None = None,
+    steps: int = 32,
+    baseline: str = "mean",
+    batch_size: int = 64,
+) -> dict[str, torch.Tensor]:
+    """Deletion and insertion scores of ``map_fn`` (Petsiuk et al., "RISE", BMVC 2018).
+
+    ``map_fn(model, images)`` gives (B, h, w) maps (any resolution; upsampled bilinearly to the image).
+    Pixels are ranked by relevance, most relevant first. Deletion replaces them with the baseline in
+    ``steps`` equal steps, starting from the image; insertion reveals them on the baseline, starting
+    from the baseline. At each of the ``steps + 1`` points we record the softmax probability of the
+    target class (None: the prediction on the unperturbed image); the AUC is the trapezoid area under
+    that curve over the fraction of pixels in [0, 1]. A good map has low deletion and high insertion AUC.
+
+    ``baseline``: ``"mean"`` (zero in normalised input space, i.e. the dataset mean colour) or
+    ``"blur"`` (the image under a Gaussian blur with sigma = 5 px at 224 px, as RISE's insertion).
+
+    Returns per-image ``deletion`` and ``insertion`` AUCs (B,) and the curves (B, steps + 1).
+    """
+    if baseline not in ("mean", "blur"):
+        raise ValueError(f"baseline must be 'mean' or 'blur', got {baseline!r}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    B, _, H, W = images.shape
+    with _eval_mode(model), torch.no_grad():
+        t = _targets(target, model(images))
+    maps = map_fn(model, images).detach().float()
+    if maps.ndim != 3 or maps.shape[0] != B:
+        raise ValueError(f"map_fn must return (B, h, w) maps for {B} images, got {tuple(maps.shape)}")
+    maps = F.interpolate(maps[:, None], size=(H, W), mode="bilinear", align_corners=False).reshape(B, H * W)
+    order = maps.argsort(dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(H * W, device=order.device).expand(B, -1))
+    rank = rank.reshape(B, 1, H, W)
+    if baseline == "mean":
+        base = torch.zeros_like(images)
+    else:
+        import torchvision.transforms.functional as TF
+
+        sigma = 5.0 * max(H, W) / 224
+        base = TF.gaussian_blur(images, kernel_size=2 * math.ceil(3 * sigma) + 1, sigma=sigma)
+    counts = torch.round(torch.linspace(0, H * W, steps + 1, device=images.device)).long()
+
+    curves = {}
+    with _eval_mode(model), torch.no_grad():
+        for name, (start, end) in {"deletion": (images, base), "insertion": (base, images)}.items():
+            probs = []
+            n = B * (steps + 1)
+            for i in range(0, n, batch_size):
+                idx = torch.arange(i, min(i + batch_size, n), device=images.device)
+                b, s = idx // (steps + 1), idx % (steps + 1)
+                changed = rank[b] < counts[s].reshape(-1, 1, 1, 1)  # the first counts[s] pixels by relevance
+                x = torch.where(changed, end[b], start[b])
+                probs.append(model(x).float().softmax(dim=-1).gather(1, t[b][:, None]).squeeze(1))
+            curves[name] = torch.cat(probs).reshape(B, steps + 1)
+    auc = {k: (c.sum(dim=1) - (c[:, 0] + c[:, -1]) / 2) / steps for k, c in curves.items()}
+    return {**auc, "deletion_curve": curves["deletion"], "insertion_curve": curves["insertion"]}

@@ -1,0 +1,135 @@
+"""Pictures of explanations, as PIL images: heatmap overlays and the paper's figure 7 panels.
+
+Computation lives in ``vit_core.explain``; this module only draws. Plots use matplotlib's object API
+(``matplotlib.figure.Figure`` on an Agg canvas), so no GUI backend or global pyplot state is involved
+and the functions are safe in servers and threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from PIL import Image
+
+
+def _render(fig: Figure) -> Image.Image:
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return Image.fromarray(np.asarray(canvas.buffer_rgba())).convert("RGB")
+
+
+def _numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    return x.detach().float().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float32)
+
+
+def to_image(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> Image.Image:
+    """A model-ready (C, H, W) tensor back to the PIL image the model sees (after resize and crop),
+    undoing the normalisation: the picture to draw a relevance map on, as it lines up with the tokens."""
+    if x.ndim != 3 or x.shape[0] not in (1, 3) or len(mean) != x.shape[0] or len(std) != x.shape[0]:
+        raise ValueError(f"expected a (C, H, W) tensor with C = len(mean) = len(std) in (1, 3), got {tuple(x.shape)}")
+    m = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+    pixels = (x.detach().float().cpu() * s + m).clamp(0, 1).mul(255).round().to(torch.uint8)
+    a = pixels.permute(1, 2, 0).numpy()
+    return Image.fromarray(a[..., 0] if a.shape[-1] == 1 else a)
+
+
+def overlay(
+    image: Image.Image, heatmap: torch.Tensor | np.ndarray, alpha: float = 0.5, colormap: str = "jet"
+) -> Image.Image:
+    """Blend a 2D relevance map onto ``image``: an RGB PIL image the size of ``image``.
+
+    ``image`` should be what the model saw (``to_image(x[i], mean, std)``): a map covers the resized and
+    center-cropped input, not the uncropped original.
+
+    The map (any resolution, e.g. the token grid) is min-max scaled to [0, 1] (a constant map becomes
+    0), upsampled bicubically to the image size (smooth, not one block per patch), coloured with the
+    matplotlib ``colormap`` and mixed as ``(1 - alpha) * image + alpha * colour``.
+    """
+    if not isinstance(image, Image.Image):
+        raise TypeError(f"image must be a PIL image, got {type(image).__name__}")
+    m = _numpy(heatmap)
+    if m.ndim != 2:
+        raise ValueError(f"heatmap must be 2D (h, w), got shape {m.shape}; pick one image of a batch with maps[i]")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if colormap not in colormaps:
+        raise ValueError(f"unknown colormap {colormap!r}; any matplotlib name works, e.g. 'jet', 'inferno'")
+    lo, hi = float(m.min()), float(m.max())
+    m = (m - lo) / (hi - lo) if hi > lo else np.zeros_like(m)
+    m = np.asarray(Image.fromarray(m.astype(np.float32)).resize(image.size, Image.BICUBIC))
+    colour = colormaps[colormap](np.clip(m, 0.0, 1.0))[..., :3]
+    rgb = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+    out = (1.0 - alpha) * rgb + alpha * colour
+    return Image.fromarray(np.round(out * 255.0).astype(np.uint8))
+
+
+def embedding_filters_figure(filters: torch.Tensor | np.ndarray, columns: int = 7) -> Image.Image:
+    """Paper fig. 7 left: the principal components of the patch embedding (``explain.embedding_filters``),
+    each scaled to [0, 1] on its own and shown as an RGB (or grey) patch."""
+    f = _numpy(filters)
+    if f.ndim != 4:
+        raise ValueError(f"filters must be (n, C, P, P), got shape {f.shape}")
+    n, c = f.shape[:2]
+    rows = -(-n // columns)
+    fig = Figure(figsize=(columns * 0.8, rows * 0.8 + 0.6), dpi=100, layout="constrained")
+    fig.suptitle(f"RGB embedding filters\n(first {n} principal components)", fontsize=9)
+    for i in range(n):
+        ax = fig.add_subplot(rows, columns, i + 1)
+        x = f[i].transpose(1, 2, 0)
+        x = (x - x.min()) / max(float(x.max() - x.min()), 1e-12)
+        ax.imshow(x[..., 0] if c == 1 else x, cmap="gray" if c == 1 else None, interpolation="nearest")
+        ax.set_axis_off()
+    return _render(fig)
+
+
+def position_similarity_figure(similarity: torch.Tensor | np.ndarray) -> Image.Image:
+    """Paper fig. 7 centre: tile (i, j) shows the cosine similarity of patch (i, j)'s position
+    embedding to every patch's (``explain.position_embedding_similarity``)."""
+    s = _numpy(similarity)
+    if s.ndim != 4:
+        raise ValueError(f"similarity must be (h, w, h, w), got shape {s.shape}")
+    h, w = s.shape[:2]
+    # One mosaic image with a 1-pixel gap between tiles: a single imshow instead of h*w subplots.
+    mosaic = np.full((h * (h + 1), w * (w + 1)), np.nan, dtype=np.float32)
+    for i in range(h):
+        for j in range(w):
+            mosaic[i * (h + 1) : i * (h + 1) + h, j * (w + 1) : j * (w + 1) + w] = s[i, j]
+    fig = Figure(figsize=(6.4, 5.6 * h / w + 0.6), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    cmap = colormaps["viridis"].with_extremes(bad="white")
+    im = ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
+    ax.set_title("Position embedding similarity")
+    ax.set_xticks(np.arange(w) * (w + 1) + (w - 1) / 2, [str(j + 1) for j in range(w)], fontsize=6)
+    ax.set_yticks(np.arange(h) * (h + 1) + (h - 1) / 2, [str(i + 1) for i in range(h)], fontsize=6)
+    ax.set_xlabel("Input patch column")
+    ax.set_ylabel("Input patch row")
+    fig.colorbar(im, ax=ax, shrink=0.8, label="Cosine similarity")
+    return _render(fig)
+
+
+def attention_distance_figure(distances: torch.Tensor | np.ndarray, title: str | None = None) -> Image.Image:
+    """Paper fig. 7 right / fig. 11: mean attention distance (``explain.mean_attention_distance``,
+    (depth, heads) in pixels) against depth, one dot per head."""
+    d = _numpy(distances)
+    if d.ndim != 2:
+        raise ValueError(f"distances must be (depth, heads), got shape {d.shape}")
+    depth, heads = d.shape
+    fig = Figure(figsize=(5, 4), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    for h in range(heads):
+        ax.scatter(np.arange(1, depth + 1), d[:, h], s=12, label=f"Head {h + 1}")
+    ax.set_xlabel("Network depth (layer)")
+    ax.set_ylabel("Mean attention distance (pixels)")
+    ax.set_xticks(np.arange(1, depth + 1))
+    ax.set_ylim(0, 1.1 * max(float(d.max()), 1e-6))
+    if title:
+        ax.set_title(title)
+    if heads <= 16:
+        ax.legend(fontsize=6, ncol=2, loc="lower right")
+    return _render(fig)
