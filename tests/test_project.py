@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _readme_commands() -> list[str]:
     text = (ROOT / "README.md").read_text()
+    text = re.sub(r"\A---\n.*?\n---\n", "", text, flags=re.S)  # the Hugging Face Space front matter
     block = re.search(r"```bash\n(.*?)```", text, re.S)
     assert block and text.index(block.group(0)) < 400, "the README must open with its two commands"
     return [line for line in block.group(1).splitlines() if line.strip()]
