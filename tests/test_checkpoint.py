@@ -1,6 +1,7 @@
 """Checkpoints: round trips through timm's own reader and writer, resolution changes, clear errors."""
 
 import json
+import os
 
 import pytest
 import timm
@@ -96,6 +97,10 @@ def test_config_json_layout_and_labels(tmp_path):
     loaded = vit_core.from_pretrained(tmp_path)
     assert loaded.label_names == ["cat", "dog", "emu"] and loaded.pos_embed.dtype == torch.float32
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # atomic writes leave nothing
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("model.safetensors", "config.json"):  # readable like any file, not mkstemp's private 0600
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_representation_size_round_trips_here(tmp_path):

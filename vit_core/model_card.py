@@ -240,17 +240,11 @@ With vit_core:
 ```python
 import torch
 import vit_core
-from PIL import Image
-from torchvision import transforms as T
+from vit_core.data import build_transform, load_image
 
 model = vit_core.from_pretrained("{repo_id}")
-cfg = model.config
-transform = T.Compose([
-    T.Resize(cfg.img_hw, interpolation=T.InterpolationMode.{cfg.interpolation.upper()}),
-    T.ToTensor(),
-    T.Normalize(cfg.mean, cfg.std),
-])
-x = transform(Image.open("image.png"){mode}).unsqueeze(0)
+transform = build_transform(model.pretrained_cfg)  # this checkpoint's own preprocessing
+x = transform(load_image("image.png")).unsqueeze(0)
 with torch.no_grad():
     probs = model(x).softmax(-1)
 print(model.label_names[probs.argmax()] if model.label_names else probs.argmax().item())
