@@ -18,6 +18,7 @@ import argparse
 import json
 import threading
 import time
+import uuid
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -158,6 +159,10 @@ def classify(
     box = tuple(round(v) for v in transform.crop_box(*shown.size))
     out = shown.copy()
     out.paste(figures.overlay(shown.crop(box), heat, alpha=float(opacity), colormap="jet"), box[:2])
+    # Gradio caches outputs under a hash of their bytes and rewrites that file on every request, so two
+    # identical concurrent requests would overwrite the PNG while the other downloads it. A unique id in
+    # the PNG's text metadata gives every response its own file.
+    out.info["vit_core"] = f"{method}; request {uuid.uuid4().hex}"
     timing = f"Model + {method.lower()}: **{compute_ms:.0f} ms** on {MODELS.device.type.upper()}"
     return labels, out, timing
 
@@ -279,6 +284,20 @@ def build_ui(default_model: str) -> gr.Blocks:
     return demo
 
 
+def setup(model: str, device: str = "auto", threads: int | None = None) -> None:
+    """Pick the device, load the default model (failing fast, before serving) and size torch's CPU threads."""
+    global MODELS
+    if device == "cuda" and not torch.cuda.is_available() and spaces is None:
+        raise SystemExit("--device cuda: no CUDA device is available")
+    if spaces is not None or (device == "auto" and torch.cuda.is_available()):
+        device = "cuda"  # on ZeroGPU, CUDA is attached per call by spaces.GPU
+    MODELS = Models(torch.device("cpu" if device == "auto" else device))
+    loaded, _ = MODELS.get(model)
+    if MODELS.device.type == "cpu":
+        # Small models run fastest on one thread: hand-offs between threads cost more than they save.
+        torch.set_num_threads(threads or (1 if loaded.num_params() < 10_000_000 else torch.get_num_threads()))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=BUNDLED_LABEL, help="run folder, checkpoint folder or Hub repo id")
@@ -287,16 +306,10 @@ def main() -> None:
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--share", action="store_true", help="create a public gradio.live link")
     p.add_argument("--concurrency", type=int, default=1, help="requests computed at once (one GPU: 1)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: 1 for models under 10M parameters, else all cores)")  # fmt: skip
     args = p.parse_args()
-    global MODELS
-    if args.device == "auto":
-        device = "cuda" if torch.cuda.is_available() and spaces is None else "cpu"
-    else:
-        device = args.device
-    if device == "cuda" and not torch.cuda.is_available() and spaces is None:
-        raise SystemExit("--device cuda: no CUDA device is available")
-    MODELS = Models(torch.device("cuda" if spaces is not None else device))
-    MODELS.get(args.model)  # fail fast, before serving, if the default model cannot load
+    setup(args.model, args.device, args.threads)
     demo = build_ui(args.model)
     demo.queue(default_concurrency_limit=args.concurrency, max_size=64)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share)

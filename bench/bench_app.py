@@ -44,11 +44,13 @@ def main() -> None:
 
     import torch
 
-    app.MODELS = app.Models(torch.device(args.device))
+    app.setup(args.model, args.device)
     ours = app.build_ui(args.model)
     ours.queue(default_concurrency_limit=1)
     ours.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True)
-    identity = gr.Interface(lambda path: path, gr.Image(type="filepath"), gr.Image(type="filepath"))
+    identity = gr.Interface(
+        lambda path: path, gr.Image(type="filepath"), gr.Image(type="filepath"), api_name="identity"
+    )
     identity.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True)
     try:
         c_ours = Client(ours.local_url, verbose=False)
@@ -62,7 +64,7 @@ def main() -> None:
             assert Path(overlay).is_file()
 
         end_ours = _median_ms(call_ours, args.repeats)
-        end_id = _median_ms(lambda: c_id.predict(photo, api_name="/predict"), args.repeats)
+        end_id = _median_ms(lambda: c_id.predict(photo, api_name="/identity"), args.repeats)
         model, _ = app.MODELS.get(args.model)
         print(
             f"model: {args.model} ({model.config.name}, {model.num_params():,} parameters), device {args.device}, "

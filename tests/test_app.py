@@ -14,12 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
-
-import vit_core
 
 ROOT = Path(__file__).resolve().parents[1]
 CAT = ROOT / "examples" / "cat_chelsea.jpg"
@@ -40,36 +37,12 @@ def _rss_mb(pid: int) -> float:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    """A small CIFAR-shaped ViT with label names (random weights: these tests check the app, not accuracy)."""
-    torch.manual_seed(0)
-    model = vit_core.create_model(
-        vit_core.ViTConfig(
-            img_size=32,
-            patch_size=4,
-            embed_dim=64,
-            depth=2,
-            num_heads=2,
-            num_classes=10,
-            label_names=tuple(LABELS),
-            mean=(0.4914, 0.4822, 0.4465),
-            std=(0.247, 0.2435, 0.2616),
-            crop_pct=1.0,
-        )
-    )
-    torch.nn.init.normal_(model.head.weight, std=0.5)
-    path = tmp_path_factory.mktemp("model")
-    model.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
+def server():
+    """The app as the README launches it: the bundled default model, no network."""
     port = _free_port()
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "app.py"), "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-         "--concurrency", "2"],
+        [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port), "--concurrency", "2"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_app import CAT, LABELS, model_dir, server  # noqa: F401 (fixtures)
+from tests.test_app import CAT, LABELS, server  # noqa: F401 (fixture)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
