@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ def config_from_dict(d: dict[str, Any], source: str = "config.json") -> ViTConfi
 # ------------------------------------------------------------------------------------ writing
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     """Write via a temp file in the same folder and rename, so a crash never leaves half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -143,9 +144,9 @@ def save_pretrained(model: VisionTransformer, directory: str | Path, dtype: torc
         if dtype is not None and v.is_floating_point():
             v = v.to(dtype)
         state[k] = v.contiguous()
-    _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(state, p, metadata={"format": "pt"}))
+    atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(state, p, metadata={"format": "pt"}))
     text = json.dumps(config_to_dict(model.config), indent=2) + "\n"
-    _atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(text))
+    atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(text))
     return directory
 
 

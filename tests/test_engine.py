@@ -1,0 +1,388 @@
+"""The training engine: recipes, timm's ingredients (checked against timm and against the formulas), a short
+real MNIST run, resuming with bit-identical results, 2-process DDP on CPU, and evaluation against a plain
+count."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from PIL import Image
+from safetensors.torch import load_file
+
+import vit_core
+from vit_core.data import build_transform, default_data_root
+from vit_core.engine import (
+    Recipe,
+    RecipeError,
+    build_optimizer,
+    build_scheduler,
+    evaluate,
+    evaluate_checkpoint,
+    load_init,
+    train,
+    write_eval,
+)
+
+TINY = dict(img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0, crop_pct=1.0)
+TIMING = {"images_per_s", "epoch_time_s", "elapsed_s"}
+needs_mnist = pytest.mark.skipif(
+    not (default_data_root() / "mnist").is_dir(), reason=f"MNIST not found under {default_data_root()} (set VIT_DATA)"
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: the machines running the suite are shared, and small ops gain nothing from more."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_image_folder(root: Path, n_per_class: int = 24, size: int = 8, seed: int = 0) -> Path:
+    """``root/{train,test}/{blue,red}/*.png``: noisy squares whose dominant colour is the class."""
+    g = torch.Generator().manual_seed(seed)
+    for split, n in (("train", n_per_class), ("test", n_per_class // 2)):
+        for c, name in enumerate(("blue", "red")):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                img = torch.rand(size, size, 3, generator=g) * 0.5
+                img[..., 2 if name == "blue" else 0] += 0.5
+                Image.fromarray((img * 255).byte().numpy()).save(folder / f"{c}_{i}.png")
+    return root
+
+
+def tiny_recipe(data: Path | str, **changes) -> dict:
+    return dict(model_args=dict(TINY), data=str(data), augment=dict(crop="none", hflip=False), batch_size=8,
+                lr=3e-3, epochs=2, device="cpu") | changes  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------- recipes
+
+
+def test_recipe_rejects_unknown_keys_and_bad_values():
+    with pytest.raises(RecipeError, match=r"unknown recipe key\(s\) lrr; valid keys: .*\blr\b"):
+        Recipe.from_dict({"lrr": 1e-3})
+    with pytest.raises(RecipeError, match="'lr' must be float"):
+        Recipe.from_dict({"lr": "fast"})
+    with pytest.raises(RecipeError, match="task must be one of classify, mpp"):
+        Recipe.from_dict({"task": "detect"})
+    with pytest.raises(RecipeError, match="not both"):
+        Recipe.from_dict({"model": "vit_tiny_patch16_224", "init": "runs/x"})
+    assert Recipe.from_dict({"lr": 1, "train_subset": (0, 10)}).lr == 1.0  # ints for floats, tuples for lists
+    with pytest.raises(RecipeError, match=r"model_args: unknown ViTConfig field\(s\): depht; valid fields: .*depth"):
+        train(tiny_recipe("unused", model_args=dict(TINY, depht=2)), "/nonexistent/never-written")
+
+
+# ------------------------------------------------------------------------------- timm ingredients
+
+
+def _groups(optimizer) -> dict[int, tuple[float, float]]:
+    """id(param) -> (weight decay, lr scale)."""
+    return {id(p): (g["weight_decay"], g.get("lr_scale", 1.0)) for g in optimizer.param_groups for p in g["params"]}
+
+
+def test_weight_decay_spares_biases_norms_and_embeddings():
+    model = vit_core.create_model(vit_core.ViTConfig(**TINY, num_classes=3))
+    groups = _groups(build_optimizer(model, Recipe(weight_decay=0.1)))
+    for name, p in model.named_parameters():
+        spared = p.ndim <= 1 or name in ("pos_embed", "cls_token")
+        assert groups[id(p)][0] == (0.0 if spared else 0.1), name
+
+
+def test_layer_decay_groups_match_timm():
+    """Layer-wise lr decay (BEiT): embeddings get decay^(L+1), block i decay^(L-i), the head 1; same
+    groups as timm builds for its own VisionTransformer."""
+    import timm
+    from timm.optim import create_optimizer_v2
+
+    cfg = vit_core.ViTConfig(**dict(TINY, depth=3), num_classes=3)
+    ours = vit_core.create_model(cfg)
+    theirs = timm.models.VisionTransformer(img_size=8, patch_size=4, embed_dim=16, depth=3, num_heads=2,
+                                           mlp_ratio=2.0, num_classes=3)  # fmt: skip
+    recipe = Recipe(layer_decay=0.5, weight_decay=0.05, lr=1.0)
+    got = _groups(build_optimizer(ours, recipe))
+    ref = _groups(create_optimizer_v2(theirs, "adamw", lr=1.0, weight_decay=0.05, layer_decay=0.5))
+    ref_by_name = {n: ref[id(p)] for n, p in theirs.named_parameters()}
+    assert {n: got[id(p)] for n, p in ours.named_parameters()} == ref_by_name
+    assert ref_by_name["pos_embed"] == (0.0, 0.5**4) and ref_by_name["head.weight"] == (0.05, 1.0)
+
+
+def test_schedule_is_linear_warmup_then_per_step_cosine():
+    model = torch.nn.Linear(2, 2)
+    recipe = Recipe(lr=0.1, warmup_lr=0.001, min_lr=0.002, warmup_epochs=1.5, epochs=4)
+    opt = build_optimizer(model, recipe)
+    sched = build_scheduler(opt, recipe, steps_per_epoch=10)
+    total, warmup = 40, 15
+    for t in range(total + 1):
+        if t < warmup:
+            want = 0.001 + (0.1 - 0.001) * t / warmup
+        else:
+            want = 0.002 + 0.5 * (0.1 - 0.002) * (1 + math.cos(math.pi * (t - warmup) / (total - warmup)))
+        assert opt.param_groups[0]["lr"] == pytest.approx(want, rel=1e-9, abs=1e-12), t
+        sched.step_update(num_updates=t + 1)
+
+
+# ------------------------------------------------------------------------------------ real runs
+
+
+@needs_mnist
+def test_short_mnist_run_learns(tmp_path):
+    """Two epochs on 10,000 MNIST training images (a 20k-parameter ViT): > 85% on 2,000 test images."""
+    recipe = dict(
+        model_args=dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0,
+                        global_pool="avg", class_token=False, mean=(0.1307,), std=(0.3081,), crop_pct=1.0),
+        data="mnist", train_subset=10_000, eval_subset=2000, augment=dict(crop="none", hflip=False),
+        weight_init="jax", epochs=2, batch_size=32, lr=1e-2, warmup_epochs=0.3, device="cpu",
+    )  # fmt: skip
+    history = train(recipe, tmp_path / "run", progress=False).history
+    assert history[-1]["test_top1"] > 85.0, history
+
+
+@pytest.mark.slow
+@needs_mnist
+def test_mnist_tiny_recipe_reaches_98_percent(tmp_path):
+    """The mnist_tiny recipe (<= 8,000 parameters, 15 epochs): >= 98.0% on the full MNIST test set."""
+    from train import load_recipe
+
+    recipe = load_recipe("mnist_tiny")
+    history = train(recipe | {"device": "cpu"}, tmp_path / "run", progress=False).history
+    assert vit_core.from_pretrained(tmp_path / "run").num_params() <= 8000
+    assert history[-1]["test_top1"] >= 98.0, history[-1]
+
+
+def test_mnist_tiny_recipe_is_within_the_parameter_budget():
+    from train import load_recipe
+
+    recipe = Recipe.from_dict(load_recipe("mnist_tiny"))
+    cfg = vit_core.get_config(recipe.model) if recipe.model else vit_core.ViTConfig()
+    model = vit_core.create_model(cfg.replace(**recipe.model_args, num_classes=10))
+    assert model.num_params() <= 8000
+
+
+def test_run_folder(tmp_path):
+    data = make_image_folder(tmp_path / "data")
+    recipe = Recipe.from_dict(tiny_recipe(data))
+    history = train(recipe, tmp_path / "run", progress=False).history
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.iterdir()) == [
+        "checkpoint.pt", "config.json", "curves.png", "metrics.jsonl", "model.safetensors", "recipe.json",
+    ]  # fmt: skip
+    assert json.loads((run / "recipe.json").read_text()) == recipe.to_dict()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows == json.loads(json.dumps(history)) and [r["epoch"] for r in rows] == [1, 2]
+    assert {"train_loss", "train_top1", "test_loss", "test_top1", "test_top5", "lr", "images_per_s"} <= set(rows[-1])
+    assert Image.open(run / "curves.png").format == "PNG"
+    model = vit_core.from_pretrained(run)
+    assert model.label_names == ["blue", "red"] and model.config.img_size == 8
+    # the training state is plain tensors and containers: loads without unpickling arbitrary objects
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert state["epoch"] == 2 and set(state["model"]) == set(model.state_dict())
+
+
+def test_evaluate_matches_a_plain_count(tmp_path):
+    data = make_image_folder(tmp_path / "data", n_per_class=40)
+    train(tiny_recipe(data, epochs=1), tmp_path / "run", progress=False)
+    result = evaluate_checkpoint(tmp_path / "run", str(data), device="cpu", batch_size=7, progress=False)
+
+    model = vit_core.from_pretrained(tmp_path / "run")
+    tf = build_transform(model.pretrained_cfg)
+    confusion, top1 = torch.zeros(2, 2, dtype=torch.int64), 0
+    files = sorted((data / "test").glob("*/*.png"))
+    for path in files:
+        label = ["blue", "red"].index(path.parent.name)
+        with torch.no_grad():
+            pred = int(model(tf(Image.open(path).convert("RGB"))[None]).argmax())
+        confusion[label, pred] += 1
+        top1 += pred == label
+    assert torch.equal(result["confusion"], confusion)
+    assert result["top1"] == pytest.approx(100 * top1 / len(files))
+    assert result["top5"] == 100.0 and result["count"] == len(files)  # two classes: top-5 is everything
+
+    json_path, png_path = write_eval(result, tmp_path / "eval")
+    assert json.loads(json_path.read_text())["confusion"] == confusion.tolist()
+    assert Image.open(png_path).format == "PNG"
+
+
+def test_evaluate_accumulates_over_batches():
+    """evaluate() over uneven batches equals a per-sample count (top-1, top-5, loss, confusion)."""
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(50, 7, generator=g)  # the "model": sample id -> logits
+    labels = torch.randint(0, 7, (50,), generator=g)
+
+    class Lookup(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Parameter(table.clone())
+
+        def forward(self, ids):
+            return self.table[ids]
+
+    ids = torch.arange(50)
+    batches = [(ids[i : i + 16], labels[i : i + 16]) for i in range(0, 50, 16)]
+    result = evaluate(Lookup(), batches, 7)
+    confusion = [[0] * 7 for _ in range(7)]
+    top1 = top5 = loss = 0.0
+    for logits, y in zip(table.tolist(), labels.tolist(), strict=True):
+        ranked = sorted(range(7), key=lambda c: -logits[c])
+        confusion[y][ranked[0]] += 1
+        top1 += ranked[0] == y
+        top5 += y in ranked[:5]
+        loss += math.log(sum(math.exp(v) for v in logits)) - logits[y]
+    assert result["confusion"].tolist() == confusion
+    assert result["top1"] == pytest.approx(100 * top1 / 50)
+    assert result["top5"] == pytest.approx(100 * top5 / 50)
+    assert result["loss"] == pytest.approx(loss / 50, rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------- resume
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "model.safetensors")
+
+
+def _same_run(a: Path, b: Path) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    rows = [[{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in (r / "metrics.jsonl").open()]
+            for r in (a, b)]  # fmt: skip
+    assert rows[0] == rows[1]
+
+
+def test_resume_gives_the_uninterrupted_result(tmp_path):
+    """Stop after epoch 1, resume: same weights and metrics as a run that never stopped. The recipe draws
+    from every RNG the state saves: torch (crops, flips), python (RandAugment), numpy (Mixup), with EMA."""
+    data = make_image_folder(tmp_path / "data")
+    recipe = tiny_recipe(
+        data, epochs=3, augment=dict(crop="pad", padding=1, hflip=True, rand_augment="rand-m9-mstd0.5"),
+        mixup=0.8, cutmix=1.0, label_smoothing=0.1, ema_decay=0.9, warmup_epochs=1,
+        model_args=dict(TINY, drop_path_rate=0.1),
+    )  # fmt: skip
+    train(recipe, tmp_path / "full", progress=False)
+    assert len(train(recipe, tmp_path / "cut", stop_after=1, progress=False).history) == 1
+    assert len(train(recipe, tmp_path / "cut", resume=True, progress=False).history) == 3
+    _same_run(tmp_path / "full", tmp_path / "cut")
+
+
+@needs_mnist
+def test_resume_in_memory_fast_path(tmp_path):
+    """The same on MNIST's in-memory uint8 batch path, with grad checkpointing switched on when resuming."""
+    recipe = dict(
+        model_args=dict(TINY, img_size=28, patch_size=7, in_chans=1, mean=(0.5,), std=(0.5,)), data="mnist",
+        train_subset=512, eval_subset=256, augment=dict(crop="pad", padding=2, hflip=False), batch_size=64,
+        epochs=2, device="cpu",
+    )  # fmt: skip
+    train(recipe, tmp_path / "full", progress=False)
+    train(recipe, tmp_path / "cut", stop_after=1, progress=False)
+    train(recipe | {"grad_checkpointing": True}, tmp_path / "cut", resume=True, progress=False)
+    _same_run(tmp_path / "full", tmp_path / "cut")
+
+
+def test_resume_guards(tmp_path):
+    data = make_image_folder(tmp_path / "data")
+    recipe = tiny_recipe(data, epochs=2, model_args=dict(TINY, mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2)))
+    with pytest.raises(RecipeError, match="no checkpoint.pt to resume from"):
+        train(recipe, tmp_path / "run", resume=True, progress=False)
+    train(recipe, tmp_path / "run", stop_after=1, progress=False)
+    with pytest.raises(RecipeError, match="already holds a run; pass --resume"):
+        train(recipe, tmp_path / "run", progress=False)
+    with pytest.raises(RecipeError, match=r"another recipe \(lr: 0.003 -> 0.1\)"):
+        train(recipe | {"lr": 0.1}, tmp_path / "run", resume=True, progress=False)
+    # the run's recipe.json (lists for tuples) is the same recipe; runtime keys may change
+    saved = json.loads((tmp_path / "run" / "recipe.json").read_text())
+    train(saved | {"workers": 1}, tmp_path / "run", resume=True, progress=False)
+    with pytest.raises(RecipeError, match="all 2 epochs are done"):
+        train(recipe, tmp_path / "run", resume=True, progress=False)
+
+
+# ---------------------------------------------------------------------------------- fine-tuning
+
+
+def test_finetune_at_higher_resolution(tmp_path):
+    """init= loads a checkpoint at a new img_size (position embeddings interpolated, paper section 3.2)
+    with a zero-initialised head for the new data's classes."""
+    data = make_image_folder(tmp_path / "data")
+    train(tiny_recipe(data, epochs=1), tmp_path / "base", progress=False)
+    base = vit_core.from_pretrained(tmp_path / "base")
+
+    model = load_init(str(tmp_path / "base"), img_size=12, drop_path_rate=0.1)
+    assert model.config.img_size == 12 and model.config.drop_path_rate == 0.1
+    want = vit_core.resample_pos_embed(base.pos_embed, (3, 3), (2, 2), base.num_prefix_tokens)
+    assert torch.equal(model.pos_embed, want)
+
+    recipe = dict(data=str(data), init=str(tmp_path / "base"), model_args=dict(img_size=12), batch_size=8,
+                  epochs=1, lr=1e-3, augment=dict(crop="none", hflip=False), device="cpu")  # fmt: skip
+    torch.manual_seed(0)
+    history = train(recipe | {"lr": 0.0, "min_lr": 0.0, "warmup_lr": 0.0}, tmp_path / "lr0", progress=False).history
+    tuned = vit_core.from_pretrained(tmp_path / "lr0")
+    assert tuned.config.img_size == 12 and tuned.label_names == ["blue", "red"]
+    assert torch.count_nonzero(tuned.head.weight) == 0  # lr 0: the new head stays at its zero init
+    assert torch.equal(tuned.pos_embed, want) and history[0]["test_loss"] == pytest.approx(math.log(2))
+    train(recipe, tmp_path / "ft", progress=False)
+    assert vit_core.from_pretrained(tmp_path / "ft").config.img_size == 12
+
+
+def test_timm_init_names_resolve_to_the_hub(monkeypatch):
+    """timm:<name> loads timm's default pretrained weights for <name> from the Hub (mocked: no network)."""
+    import vit_core.hub
+
+    seen = {}
+    monkeypatch.setattr(vit_core.hub, "from_pretrained", lambda spec, **kw: seen.setdefault("spec", (spec, kw)))
+    load_init("timm:vit_tiny_patch16_224", img_size=32)
+    assert seen["spec"] == ("timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k", {"img_size": 32})
+    with pytest.raises(vit_core.CheckpointError, match="timm has no Hub weights for 'vit_nonexistent'"):
+        load_init("timm:vit_nonexistent")
+
+
+# ------------------------------------------------------------------------------------------ DDP
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, recipe: dict, root: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")  # fmt: skip
+    torch.set_num_threads(1)
+    out = Path(root) / ("ddp" if rank == 0 else f"rank{rank}-must-not-exist")
+    result = train(recipe, out, progress=False)
+    # every process reports its own final parameters (the test's file, not the run's)
+    torch.save({"params": result.model.state_dict(), "history": result.history}, Path(root) / f"rank{rank}.pt")
+
+
+def test_two_process_ddp_matches_one_process(tmp_path):
+    """gloo on CPU: both processes end with identical parameters, only rank 0 writes, and the result matches
+    one process with the same global batch (float rounding aside). SGD, because Adam turns the float noise
+    in gradients that are zero in exact arithmetic (attention's key bias) into full-size steps."""
+    data = make_image_folder(tmp_path / "data", n_per_class=32)
+    recipe = tiny_recipe(data, epochs=2, batch_size=16, opt="sgd", lr=0.05, warmup_epochs=0.5,
+                         model_args=dict(TINY, depth=2))  # fmt: skip
+    mp.spawn(_ddp_worker, args=(2, _free_port(), recipe, str(tmp_path)), nprocs=2, join=True)
+
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    for k in r0["params"]:
+        assert torch.equal(r0["params"][k], r1["params"][k]), k
+    assert not (tmp_path / "rank1-must-not-exist").exists()
+    assert (tmp_path / "ddp" / "model.safetensors").is_file()
+
+    torch.manual_seed(0)
+    history = train(recipe, tmp_path / "single", progress=False).history
+    single = _weights(tmp_path / "single")
+    for k, v in single.items():
+        torch.testing.assert_close(r0["params"][k], v, rtol=1e-4, atol=1e-5, msg=k)
+    assert r0["history"][-1]["test_top1"] == history[-1]["test_top1"]
+    assert r0["history"][-1]["train_loss"] == pytest.approx(history[-1]["train_loss"], rel=1e-4)

@@ -1,0 +1,77 @@
+"""``python -m train``: train, fine-tune and evaluate ViTs from small declarative recipes.
+
+A recipe is a Python file in ``train/recipes/`` (or anywhere, given by path) defining a dict ``recipe``
+whose keys are ``vit_core.engine.Recipe`` fields, as big_vision's configs are Python files. Keys left out
+take the defaults of ``Recipe``; command-line options and ``--set key=value`` override them.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from vit_core.engine import RecipeError
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+
+def list_recipes() -> dict[str, str]:
+    """Recipe name -> the first line of its docstring."""
+    out = {}
+    for path in sorted(RECIPES_DIR.glob("*.py")):
+        if not path.name.startswith("_"):
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            out[path.stem] = doc.strip().splitlines()[0] if doc.strip() else ""
+    return out
+
+
+def load_recipe(name_or_path: str) -> dict[str, Any]:
+    """The ``recipe`` dict of a recipe file: a name in ``train/recipes/`` or a path to a ``.py`` file."""
+    path = Path(name_or_path)
+    if path.suffix != ".py":
+        path = RECIPES_DIR / f"{name_or_path}.py"
+        if not path.is_file():
+            raise RecipeError(f"unknown recipe {name_or_path!r}; known: {', '.join(list_recipes())} (or a .py path)")
+    elif not path.is_file():
+        raise RecipeError(f"recipe file {path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"train.recipes.{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    recipe = getattr(module, "recipe", None)
+    if not isinstance(recipe, dict):
+        raise RecipeError(f"{path} must define a dict named 'recipe'")
+    return copy.deepcopy(recipe)
+
+
+def apply_overrides(recipe: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
+    """``key=value`` assignments on a recipe dict. Values are Python literals (``3e-4``, ``true``/``True``,
+    ``[0, 5000]``, ``None``) or else plain strings; ``a.b=v`` sets key ``b`` of the dict-valued field ``a``
+    (``augment.re_prob=0.25``, ``model_args.depth=6``). Unknown keys are caught by ``Recipe.from_dict``."""
+    recipe = copy.deepcopy(recipe)
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        if not sep or not key:
+            raise RecipeError(f"--set expects key=value, got {assignment!r}")
+        value = _parse_value(text)
+        if "." in key:
+            outer, inner = key.split(".", 1)
+            if outer not in ("model_args", "augment"):
+                raise RecipeError(f"--set {key}: only model_args.<field> and augment.<key> take a dotted key")
+            recipe.setdefault(outer, {})
+            recipe[outer] = dict(recipe[outer]) | {inner: value}
+        else:
+            recipe[key] = value
+    return recipe
+
+
+def _parse_value(text: str) -> Any:
+    lowered = {"true": True, "false": False, "none": None, "null": None}
+    if text.lower() in lowered:
+        return lowered[text.lower()]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
