@@ -5,22 +5,11 @@ each corrupted patch's 3-bit mean colour (512 classes). Images 5,000..49,999 of 
 from the 5,000 labelled images mpp_then_finetune uses. The model is mpp_scratch_baseline's.
 """
 
+from train import load_recipe
+
 recipe = dict(
     task="mpp",
-    model_args=dict(
-        img_size=32,
-        patch_size=4,
-        embed_dim=64,
-        depth=6,
-        num_heads=4,
-        mlp_ratio=2.0,
-        global_pool="avg",
-        class_token=False,
-        mean=(0.4914, 0.4822, 0.4465),
-        std=(0.2470, 0.2435, 0.2616),
-        crop_pct=1.0,
-        interpolation="bicubic",
-    ),
+    model_args=load_recipe("cifar10_vit_cpu")["model_args"],  # the same ViT as the bundled CPU model
     data="cifar10",
     train_subset=[5000, 50000],
     eval_subset=2000,

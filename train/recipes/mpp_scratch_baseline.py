@@ -1,20 +1,9 @@
 """The from-scratch baseline for mpp_then_finetune: the same ViT and schedule on the same 5,000 images."""
 
+from train import load_recipe
+
 recipe = dict(
-    model_args=dict(
-        img_size=32,
-        patch_size=4,
-        embed_dim=64,
-        depth=6,
-        num_heads=4,
-        mlp_ratio=2.0,
-        global_pool="avg",
-        class_token=False,
-        mean=(0.4914, 0.4822, 0.4465),
-        std=(0.2470, 0.2435, 0.2616),
-        crop_pct=1.0,
-        interpolation="bicubic",
-    ),
+    model_args=load_recipe("cifar10_vit_cpu")["model_args"],  # the same ViT as the bundled CPU model
     data="cifar10",
     train_subset=5000,
     augment=dict(crop="pad", padding=4, hflip=True),
