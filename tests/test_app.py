@@ -164,3 +164,20 @@ def test_32_concurrent_requests_and_memory_returns_to_baseline(server):
     assert all(r[0]["confidences"] for r in results)
     time.sleep(1)
     assert _rss_mb(proc.pid) - baseline < 150, "server memory kept growing after the burst"
+
+
+def test_inspect_shows_figure_7_and_the_model_summary(server):
+    _, client, _ = server
+    filters, similarity, distance, summary = client.predict(api_name="/inspect")
+    for path in (filters, similarity, distance):
+        assert Image.open(path).size[0] > 200
+    assert "Parameters" in summary and "208,842" in summary and "cat" in summary
+    assert "test_top1" in summary  # the run's last-epoch metrics are shown
+
+
+def test_unloadable_model_gives_a_clear_error_and_the_app_keeps_serving(server):
+    _, client, _ = server
+    with pytest.raises(AppError, match=r"Could not load .nobody/no-such-vit.*HF_HUB_OFFLINE is set"):
+        _classify(client, CAT, model_choice="nobody/no-such-vit")
+    labels, _, _ = _classify(client, CAT)
+    assert labels["confidences"]
