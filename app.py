@@ -215,7 +215,7 @@ def on_model_change(model_choice: str, progress: gr.Progress = gr.Progress()):  
     names = model.label_names or [str(i) for i in range(model.config.num_classes)]
     cfg = model.config
     size = f"{model.num_params() / 1e6:.1f}M parameters, {cfg.num_classes} classes"
-    status = f"Loaded **{cfg.name or 'custom ViT'}** ({size})."
+    status = f"Loaded **{model_choice}** ({cfg.name + ', ' if cfg.name else ''}{size})."
     return (
         status,
         gr.Dropdown(choices=[PREDICTED, *names], value=PREDICTED),
@@ -234,7 +234,7 @@ def build_ui(default_model: str) -> gr.Blocks:
     with gr.Blocks(title="Vision Transformer: where did it look?") as demo:
         gr.Markdown(
             "# Where did the Vision Transformer look?\n"
-            "Classify an image and see which patches the ViT's class token drew on "
+            "Classify an image and see which patches the ViT's prediction drew on "
             "(attention rollout, gradient-weighted rollout, or one layer's raw attention)."
         )
         with gr.Row():
