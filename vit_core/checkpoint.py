@@ -48,6 +48,8 @@ def _architecture(cfg: ViTConfig) -> str:
         return "vit_large_r50_s32_224"
     if cfg.backbone_layers is not None:
         raise CheckpointError(f"no timm architecture has ResNet stages {cfg.backbone_layers}")
+    # Plain ViTs of any shape rebuild from this name plus model_args. A conv-stem hybrid has no timm
+    # architecture: timm builds the transformer and then refuses the stem's weights, naming them.
     return "vit_base_patch16_224"
 
 
@@ -66,7 +68,13 @@ def config_to_dict(cfg: ViTConfig) -> dict[str, Any]:
         "model_args": model_args,
         "label_names": list(cfg.label_names) if cfg.label_names else None,
         "pretrained_cfg": cfg.pretrained_cfg(),
-        "vit_core": {"representation_size": cfg.representation_size, "norm_eps": cfg.norm_eps, "name": cfg.name},
+        "vit_core": {
+            "representation_size": cfg.representation_size,
+            "norm_eps": cfg.norm_eps,
+            "name": cfg.name,
+            "stem_channels": list(cfg.stem_channels) if cfg.stem_channels else None,
+            "stem_strides": list(cfg.stem_strides) if cfg.stem_strides else None,
+        },
     }
 
 
@@ -99,6 +107,8 @@ def config_from_dict(d: dict[str, Any], source: str = "config.json") -> ViTConfi
         args["norm_eps"] = float(ours["norm_eps"])
     if ours.get("representation_size"):
         args["representation_size"] = ours["representation_size"]
+    if ours.get("stem_channels"):
+        args["stem_channels"], args["stem_strides"] = ours["stem_channels"], ours.get("stem_strides")
     args["name"] = ours.get("name", arch)
     labels = d.get("label_names")
     if labels and len(labels) == args.get("num_classes", base.num_classes):

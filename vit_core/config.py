@@ -19,6 +19,7 @@ ResNet-50 stem (stages (3, 4, 9), total stride 16) feeds 1x1 patches to the tran
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,11 @@ class ViTConfig:
     drop_path_rate: float = 0.0  # stochastic depth, increasing linearly with depth
     # Hybrid (section 3.1): ResNetV2 stage depths of the stem, e.g. (3, 4, 9) for R50 stride 16.
     backbone_layers: tuple[int, ...] | None = None
+    # Hybrid with a small convolutional stem instead (Xiao et al. 2021, "Early Convolutions Help
+    # Transformers See Better"): one 3x3 conv + BatchNorm + ReLU per entry, with these output channels
+    # and strides; its feature map is cut into patch_size x patch_size patches (1: one token per cell).
+    stem_channels: tuple[int, ...] | None = None
+    stem_strides: tuple[int, ...] | None = None
     # Preprocessing, as timm's pretrained_cfg.
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -79,7 +85,17 @@ class ViTConfig:
             problems.append(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if self.patch_size < 1:
             problems.append(f"patch_size must be >= 1, got {self.patch_size}")
-        if self.backbone_layers is None and any(s % self.patch_size for s in self.img_hw):
+        if (self.stem_channels is None) != (self.stem_strides is None) or len(self.stem_channels or ()) != len(
+            self.stem_strides or ()
+        ):
+            problems.append("stem_channels and stem_strides go together, one stride per channel count")
+        elif self.stem_channels is not None and (
+            not self.stem_channels or min(self.stem_channels) < 1 or min(self.stem_strides) < 1
+        ):
+            problems.append(f"stem channels/strides must be >= 1, got {self.stem_channels} / {self.stem_strides}")
+        if self.stem_channels is not None and self.backbone_layers is not None:
+            problems.append("a hybrid has either a ResNet (backbone_layers) or a conv stem (stem_channels), not both")
+        if not self.is_hybrid and any(s % self.patch_size for s in self.img_hw):
             problems.append(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
         if len(self.mean) != self.in_chans or len(self.std) != self.in_chans:
             problems.append(f"mean/std need {self.in_chans} values (in_chans), got {self.mean} / {self.std}")
@@ -95,8 +111,15 @@ class ViTConfig:
         return (s, s) if isinstance(s, int) else (int(s[0]), int(s[1]))
 
     @property
+    def is_hybrid(self) -> bool:
+        """Tokens come from a CNN feature map (ResNet or conv stem), not from pixel patches."""
+        return self.backbone_layers is not None or self.stem_channels is not None
+
+    @property
     def feature_stride(self) -> int:
-        """Pixels per token side: the patch size, or the ResNet stride for hybrids."""
+        """Pixels per token side: the patch size, times the CNN's stride for hybrids."""
+        if self.stem_channels is not None:
+            return math.prod(self.stem_strides) * self.patch_size
         if self.backbone_layers is None:
             return self.patch_size
         # stem /4, then every stage after the first halves the resolution
@@ -124,7 +147,11 @@ class ViTConfig:
             "mean": list(self.mean),
             "std": list(self.std),
             "num_classes": self.num_classes,
-            "first_conv": "patch_embed.proj" if self.backbone_layers is None else "patch_embed.backbone.stem.conv",
+            "first_conv": "patch_embed.proj"
+            if not self.is_hybrid
+            else "patch_embed.backbone.layers.0.conv"
+            if self.stem_channels
+            else "patch_embed.backbone.stem.conv",
             "classifier": "head",
         }
 
@@ -133,7 +160,7 @@ class ViTConfig:
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise TypeError(f"unknown ViTConfig field(s): {', '.join(unknown)}")
-        for key in ("mean", "std", "label_names", "backbone_layers"):
+        for key in ("mean", "std", "label_names", "backbone_layers", "stem_channels", "stem_strides"):
             if changes.get(key) is not None:
                 changes[key] = tuple(changes[key])
         if isinstance(changes.get("img_size"), (list, tuple)):

@@ -250,8 +250,8 @@ def embedding_filters(model: nn.Module, n: int = 28) -> torch.Tensor:
     components in order of explained variance. A component's sign is arbitrary; we make its entry of
     largest magnitude positive so results are reproducible.
     """
-    if model.config.backbone_layers:
-        raise ValueError("hybrid models embed ResNet features, not pixels: their filters are not images")
+    if model.config.is_hybrid:
+        raise ValueError("hybrid models embed CNN features, not pixels: their filters are not images")
     w = model.patch_embed.proj.weight.detach().float()  # (D, C, P, P)
     D, C, P, _ = w.shape
     if not 1 <= n <= min(D, C * P * P):

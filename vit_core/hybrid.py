@@ -1,4 +1,5 @@
-"""The ResNet stem of the paper's hybrid models (section 3.1): R50+ViT-B/16 and R50+ViT-L/32.
+"""The CNN stems of hybrid models (paper section 3.1): the paper's ResNet (R50+ViT-B/16, R50+ViT-L/32)
+and a small convolutional stem (``ConvStem``) for hybrids trained from scratch on small data.
 
 A BiT-style ResNetV2 *without* pre-activation (Kolesnikov et al. 2020): weight-standardised
 convolutions, GroupNorm(32), TensorFlow 'SAME' padding, and stages of bottleneck blocks. Its last
@@ -126,3 +127,34 @@ class ResNetV2Stem(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.stages(self.stem(x))
+
+
+class ConvNormAct(nn.Module):
+    """3x3 convolution (no bias), BatchNorm, ReLU."""
+
+    def __init__(self, in_chs: int, out_chs: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_chs, out_chs, 3, stride=stride, padding=1, bias=False)
+        self.norm = nn.BatchNorm2d(out_chs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.norm(self.conv(x)))
+
+
+class ConvStem(nn.Module):
+    """A few 3x3 conv + BatchNorm + ReLU layers (Xiao et al. 2021, "Early Convolutions Help Transformers
+    See Better"): the hybrid's CNN when the paper's ResNet-50 is far too big, e.g. for 32x32 images.
+
+    Each layer with stride 2 halves the resolution (padding 1: output side ceil(input / 2)). Local
+    features and translation equivariance come from the convolutions, so the transformer on top trains
+    fast on small data; the patch projection (a 1x1 convolution) then maps each cell to a token.
+    """
+
+    def __init__(self, channels: tuple[int, ...], strides: tuple[int, ...], in_chans: int = 3) -> None:
+        super().__init__()
+        ins = (in_chans, *channels[:-1])
+        self.layers = nn.Sequential(*(ConvNormAct(i, o, s) for i, o, s in zip(ins, channels, strides, strict=True)))
+        self.out_chans = channels[-1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)

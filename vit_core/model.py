@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import ViTConfig
-from .hybrid import ResNetV2Stem
+from .hybrid import ConvStem, ResNetV2Stem
 
 
 def resample_pos_embed(
@@ -68,7 +68,11 @@ class PatchEmbed(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.patch_size = cfg.patch_size
-        self.backbone = ResNetV2Stem(cfg.backbone_layers, cfg.in_chans) if cfg.backbone_layers else None
+        self.backbone = None
+        if cfg.backbone_layers:
+            self.backbone = ResNetV2Stem(cfg.backbone_layers, cfg.in_chans)
+        elif cfg.stem_channels:
+            self.backbone = ConvStem(cfg.stem_channels, cfg.stem_strides, cfg.in_chans)
         in_dim = self.backbone.out_chans if self.backbone is not None else cfg.in_chans
         self.proj = nn.Conv2d(in_dim, cfg.embed_dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
         self.grid_size = cfg.grid_size

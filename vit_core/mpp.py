@@ -84,8 +84,8 @@ class MaskedPatchPrediction(nn.Module):
     ) -> None:
         super().__init__()
         cfg = vit.config
-        if cfg.backbone_layers is not None:
-            raise ValueError("masked patch prediction needs pixel patches; hybrid (ResNet stem) models have none")
+        if cfg.is_hybrid:
+            raise ValueError("masked patch prediction needs pixel patches; hybrid (CNN stem) models have none")
         self.vit, self.mask_ratio, self.probs, self.bits = vit, mask_ratio, probs, bits
         self.mask_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim))
         self.head = nn.Linear(cfg.embed_dim, (2**bits) ** cfg.in_chans)

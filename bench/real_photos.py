@@ -1,0 +1,195 @@
+"""Real-photo check: how a CIFAR-10 model does on freely licensed photos of its ten classes.
+
+    python -m bench.real_photos --model models/cifar10_hybrid            # plain and flip-TTA accuracy
+    python -m bench.real_photos --model models/cifar10_hybrid --tta         # per-image table with flip TTA
+    python -m bench.real_photos --model models/cifar10_hybrid --compare     # eval-crop variants side by side
+
+The photos live in ``bench/real_photos/<class>/*.jpg`` (sources and licences in ``SOURCES.md`` there), one
+folder per CIFAR-10 class, at most 256 px on the long side. Each photo is opened with
+``vit_core.data.load_image`` and preprocessed with ``vit_core.data.build_transform(model.pretrained_cfg)``,
+exactly as the app does. Printed: top-1 accuracy per class and overall, without and with horizontal-flip
+test-time averaging (mean of the softmax of the image and of its mirror image), split into full photos and
+cut-outs (objects on a white background, the ``kind`` column of ``SOURCES.md``), and a per-image table
+(file, true class, prediction, confidence).
+
+``--compare`` evaluates other eval preprocessings on the same photos, each with and without flips:
+
+- ``cfg``: the checkpoint's own ``pretrained_cfg``;
+- ``crop_pct=1.0`` and ``crop_pct=0.875``: the same with another centre-crop fraction (shorter side resized
+  to ``size / crop_pct``, centre crop; timm's eval geometry);
+- ``squash``: the whole image resized to the input size, aspect ratio not kept (timm's ``crop_mode="squash"``);
+- ``pad``: the image padded to a square with the normalisation mean colour, then resized (the whole object
+  kept, at its own aspect ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+import vit_core
+from vit_core.data import build_transform, load_image
+
+PHOTOS = Path(__file__).resolve().parent / "real_photos"
+CIFAR10 = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+Preprocess = Callable[[Image.Image], Image.Image]
+
+
+@dataclass(frozen=True)
+class Photo:
+    path: Path
+    label: str  # the class folder's name
+    kind: str  # "photo" or "cutout" (SOURCES.md), "?" when not listed
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An eval preprocessing: a ``pretrained_cfg`` for ``build_transform`` and an optional step before it."""
+
+    name: str
+    cfg: dict
+    before: Preprocess | None = None
+
+
+def load_photos(root: Path = PHOTOS) -> list[Photo]:
+    """Every ``root/<class>/*.jpg``, sorted, with its kind from ``root/SOURCES.md``."""
+    kinds = read_sources(root / "SOURCES.md") if (root / "SOURCES.md").is_file() else {}
+    files = sorted(p for p in root.glob("*/*") if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    return [Photo(p, p.parent.name, kinds.get(p.relative_to(root).as_posix(), {}).get("kind", "?")) for p in files]
+
+
+def read_sources(path: Path) -> dict[str, dict[str, str]]:
+    """The rows of a Markdown table whose first column is a file name (in backticks or not), keyed by it,
+    each a dict from the header's lower-cased column names to the cell text."""
+    rows: dict[str, dict[str, str]] = {}
+    header: list[str] | None = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = [c.lower() for c in cells]
+        elif not re.fullmatch(r"[-: ]+", "".join(cells)):
+            row = dict(zip(header, cells, strict=False))
+            rows[cells[0].strip("`")] = row
+    return rows
+
+
+def squash(size: tuple[int, int], interpolation: str) -> Preprocess:
+    """Resize the whole image to ``size`` (height, width), ignoring its aspect ratio."""
+    resample = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR}.get(
+        interpolation, Image.Resampling.BICUBIC
+    )
+    return lambda img: img.resize((size[1], size[0]), resample)
+
+
+def pad_square(mean: tuple[float, ...]) -> Preprocess:
+    """Pad the image to a square, centred, with the colour ``mean`` (in [0, 1])."""
+
+    def pad(img: Image.Image) -> Image.Image:
+        side = max(img.size)
+        fill = tuple(round(255 * m) for m in mean) if img.mode == "RGB" else round(255 * mean[0])
+        out = Image.new(img.mode, (side, side), fill)
+        out.paste(img, ((side - img.width) // 2, (side - img.height) // 2))
+        return out
+
+    return pad
+
+
+def variants(cfg: dict, compare: bool) -> list[Variant]:
+    """The checkpoint's own preprocessing, and with ``compare`` the alternatives in the module docstring."""
+    own = Variant(f"cfg (crop_pct={cfg.get('crop_pct')})", cfg)
+    if not compare:
+        return [own]
+    size = tuple(int(s) for s in cfg["input_size"][1:])
+    whole = {**cfg, "crop_pct": 1.0}
+    crops = [Variant(f"crop_pct={c}", {**cfg, "crop_pct": c}) for c in (1.0, 0.875) if c != cfg.get("crop_pct")]
+    return [
+        own,
+        *crops,
+        Variant("squash", whole, squash(size, cfg.get("interpolation", "bicubic"))),
+        Variant("pad", whole, pad_square(tuple(cfg["mean"]))),
+    ]
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, photos: list[Photo], variant: Variant) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax probabilities (N, classes) without and with horizontal-flip averaging."""
+    transform = build_transform(variant.cfg)
+    images = [load_image(p.path) for p in photos]
+    if variant.before is not None:
+        images = [variant.before(img) for img in images]
+    x = torch.stack([transform(img) for img in images])
+    plain = model(x).softmax(-1)
+    flipped = model(x.flip(-1)).softmax(-1)
+    return plain, (plain + flipped) / 2
+
+
+def accuracy(correct: torch.Tensor, mask: torch.Tensor | None = None) -> str:
+    """``"pct% (hits/n)"`` over the images selected by ``mask`` (all by default)."""
+    c = correct if mask is None else correct[mask]
+    return f"{100 * c.float().mean():.1f}% ({int(c.sum())}/{len(c)})" if len(c) else "-"
+
+
+def summary_rows(photos: list[Photo], targets: torch.Tensor, preds: list[torch.Tensor]) -> list[list[str]]:
+    """One row per class, then per kind (photo / cutout) and overall; one column per prediction tensor."""
+    labels = [p.label for p in photos]
+    kinds = [p.kind for p in photos]
+    groups = [(c, [lab == c for lab in labels]) for c in dict.fromkeys(labels)]
+    groups += [(f"[{k}s]", [kd == k for kd in kinds]) for k in sorted(set(kinds))]
+    groups.append(("overall", [True] * len(photos)))
+    return [[name] + [accuracy(p == targets, torch.tensor(mask)) for p in preds] for name, mask in groups]
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    """A Markdown table with padded columns."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="models/cifar10_hybrid", help="checkpoint folder or Hub id")
+    ap.add_argument("--photos", type=Path, default=PHOTOS, help="folder of <class>/<image> files")
+    ap.add_argument("--tta", action="store_true", help="per-image table with horizontal-flip averaging")
+    ap.add_argument("--compare", action="store_true", help="also other eval crops (see the module docstring)")
+    args = ap.parse_args(argv)
+
+    model = vit_core.from_pretrained(args.model).eval()
+    names = model.label_names or list(CIFAR10)
+    photos = load_photos(args.photos)
+    unknown = sorted({p.label for p in photos} - set(names))
+    if not photos or unknown:
+        raise SystemExit(f"{args.photos}: no photos, or class folders the model lacks: {unknown}")
+    targets = torch.tensor([names.index(p.label) for p in photos])
+
+    runs = {v.name: predict(model, photos, v) for v in variants(model.pretrained_cfg, args.compare)}
+    header, preds = ["class"], []
+    for name, (plain, tta) in runs.items():
+        header += [f"{name}", f"{name} + flip"]
+        preds += [plain.argmax(-1), tta.argmax(-1)]
+    print(f"{args.model}: {len(photos)} photos in {args.photos}\n")
+    print_table(header, summary_rows(photos, targets, preds))
+
+    probs = next(iter(runs.values()))[1 if args.tta else 0]
+    conf, pred = probs.max(-1)
+    print(f"\nPer image ({next(iter(runs))}{', flip TTA' if args.tta else ''}):\n")
+    rows = []
+    for p, k, c, t in zip(photos, pred.tolist(), conf.tolist(), targets.tolist(), strict=True):
+        file = p.path.relative_to(args.photos).as_posix()
+        rows.append([file, p.kind, p.label, names[k], f"{c:.2f}", "ok" if k == t else "WRONG"])
+    print_table(["file", "kind", "true", "predicted", "confidence", ""], rows)
+
+
+if __name__ == "__main__":
+    main()
