@@ -442,3 +442,118 @@ class _Handler(BaseHTTPRequestHandler):
             headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
             data, status = data[start : end + 1], 206
         self._send(status, data, "application/octet-stream", headers, "HEAD" if head else "GET")
+
+
+# ---------------------------------------------------------------------- repos laid out as the paper's checkpoints
+
+
+def transformers_vit_files(
+    id2label: dict[int, str], hidden_size: int = 32, layers: int = 2, heads: int = 2, seed: int = 0
+) -> dict[str, bytes]:
+    """The files of ``google/vit-base-patch16-224`` (transformers' ``ViTForImageClassification``), at tiny
+    widths with random weights: ``config.json`` with that repo's fields (``architectures``, ``model_type``,
+    ``id2label``/``label2id``...), its ``preprocessor_config.json``, and ``model.safetensors`` under
+    transformers' key names ("vit."-prefixed encoder, "classifier" head)."""
+    import torch
+    from safetensors.torch import save
+
+    g = torch.Generator().manual_seed(seed)
+    D, H, P, K = hidden_size, 2 * hidden_size, 16, len(id2label)
+
+    def t(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.02
+
+    s = {
+        "vit.embeddings.cls_token": t(1, 1, D),
+        "vit.embeddings.position_embeddings": t(1, (224 // P) ** 2 + 1, D),
+        "vit.embeddings.patch_embeddings.projection.weight": t(D, 3, P, P),
+        "vit.embeddings.patch_embeddings.projection.bias": t(D),
+    }
+    for i in range(layers):
+        layer = f"vit.encoder.layer.{i}."
+        shapes = {f"attention.attention.{n}": (D, D) for n in ("query", "key", "value")}
+        shapes |= {"attention.output.dense": (D, D), "intermediate.dense": (H, D), "output.dense": (D, H)}
+        shapes |= {"layernorm_before": (D,), "layernorm_after": (D,)}
+        for name, shape in shapes.items():
+            s[f"{layer}{name}.weight"] = t(*shape) + (1 if len(shape) == 1 else 0)
+            s[f"{layer}{name}.bias"] = t(shape[0])
+    s |= {"vit.layernorm.weight": 1 + t(D), "vit.layernorm.bias": t(D)}
+    s |= {"classifier.weight": t(K, D), "classifier.bias": t(K)}
+    config = {
+        "architectures": ["ViTForImageClassification"],
+        "attention_probs_dropout_prob": 0.0,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.0,
+        "hidden_size": D,
+        "id2label": {str(i): name for i, name in id2label.items()},
+        "image_size": 224,
+        "initializer_range": 0.02,
+        "intermediate_size": H,
+        "label2id": {name: i for i, name in id2label.items()},
+        "layer_norm_eps": 1e-12,
+        "model_type": "vit",
+        "num_attention_heads": heads,
+        "num_channels": 3,
+        "num_hidden_layers": layers,
+        "patch_size": P,
+        "qkv_bias": True,
+        "transformers_version": "4.13.0.dev0",
+    }
+    preprocessor = {
+        "do_normalize": True,
+        "do_resize": True,
+        "feature_extractor_type": "ViTFeatureExtractor",
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "resample": 2,
+        "size": 224,
+    }
+    return {
+        "config.json": json.dumps(config, indent=2).encode(),
+        "preprocessor_config.json": json.dumps(preprocessor, indent=2).encode(),
+        "model.safetensors": save({k: v.contiguous() for k, v in s.items()}, metadata={"format": "pt"}),
+    }
+
+
+def timm_vit_files(
+    architecture: str, tag: str, model_args: dict, num_classes: int = 1000, seed: int = 0
+) -> dict[str, bytes]:
+    """The files of one of timm's ViT repos (e.g. ``timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k``) with
+    random weights: ``config.json`` as timm writes it (``architecture``, ``num_classes``, ``num_features``,
+    ``global_pool``, ``pretrained_cfg``; no label names), plus the ``model_args`` that make it small, and
+    ``model.safetensors`` under timm's key names."""
+    import torch
+    from safetensors.torch import save
+
+    import vit_core
+
+    cfg = vit_core.get_config(architecture, num_classes=num_classes, **model_args)
+    torch.manual_seed(seed)
+    state = vit_core.create_model(cfg).state_dict()
+    pretrained_cfg = {
+        "tag": tag,
+        "custom_load": False,
+        "input_size": [3, *cfg.img_hw],
+        "fixed_input_size": True,
+        "interpolation": "bicubic",
+        "crop_pct": cfg.crop_pct,
+        "crop_mode": "center",
+        "mean": [0.5, 0.5, 0.5],
+        "std": [0.5, 0.5, 0.5],
+        "num_classes": num_classes,
+        "pool_size": None,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+    }
+    config = {
+        "architecture": architecture,
+        "num_classes": num_classes,
+        "num_features": cfg.embed_dim,
+        "global_pool": "token",
+        "model_args": model_args,
+        "pretrained_cfg": pretrained_cfg,
+    }
+    return {
+        "config.json": json.dumps(config, indent=2).encode(),
+        "model.safetensors": save({k: v.contiguous() for k, v in state.items()}, metadata={"format": "pt"}),
+    }

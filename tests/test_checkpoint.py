@@ -110,6 +110,9 @@ def test_representation_size_round_trips_here(tmp_path):
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         assert torch.equal(model(x), loaded(x))
+        for p in loaded.parameters():  # the loaded tensors are the model's own memory, not the file's
+            p.mul_(0)
+    assert torch.count_nonzero(load_file(tmp_path / "model.safetensors")["pos_embed"]) > 0
 
 
 def test_corrupt_weights_name_the_file(tmp_path):
@@ -150,3 +153,65 @@ def test_mismatched_weights_name_every_key(tmp_path):
     assert "missing keys (1): norm.weight" in msg
     assert "unexpected keys (1): blocks.5.mlp.fc1.weight" in msg
     assert "head.weight: checkpoint (7, 192) vs model (5, 192)" in msg
+
+
+def test_conv_stem_hybrid_round_trips_in_half_precision(tmp_path):
+    # the bundled model's layout: a conv stem (BatchNorm statistics included), 1x1 patches, avg pooling
+    torch.manual_seed(0)
+    cfg = vit_core.ViTConfig(
+        img_size=32,
+        patch_size=1,
+        stem_channels=(8, 16),
+        stem_strides=(2, 2),
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        global_pool="avg",
+        class_token=False,
+        num_classes=10,
+    )
+    model = vit_core.create_model(cfg).train()
+    model(torch.randn(4, 3, 32, 32))  # a training step's forward moves the BatchNorm running statistics
+    model.eval().save_pretrained(tmp_path, dtype=torch.float16)
+    loaded = vit_core.from_pretrained(tmp_path)
+    assert loaded.config == cfg
+    for p in loaded.parameters():  # ordinary float32 CPU parameters, trainable, writable
+        assert p.dtype == torch.float32 and p.device.type == "cpu" and p.requires_grad
+        p.data.mul_(1.0)
+    stem = loaded.patch_embed.backbone.layers[0].norm
+    assert stem.num_batches_tracked.item() == 1
+    reference = vit_core.create_model(cfg).eval()
+    reference.load_state_dict({k: v.half().to(v.dtype) for k, v in model.state_dict().items()})
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), reference(x))
+
+
+def test_non_square_checkpoint_loads_at_another_size_like_timm_resamples(tmp_path):
+    from timm.layers import resample_abs_pos_embed
+
+    model = _small("vit_small_patch32_224", img_size=(64, 96))  # a 2 x 3 token grid
+    model.save_pretrained(tmp_path)
+    bigger = vit_core.from_pretrained(tmp_path, img_size=(128, 96))  # 4 x 3
+    expected = resample_abs_pos_embed(model.pos_embed, (4, 3), (2, 3), num_prefix_tokens=1)
+    assert torch.equal(bigger.pos_embed, expected)
+
+
+def test_module_imports_form_no_cycle():
+    """model <- checkpoint <- convert <- hub, as module-level imports; the model's save_pretrained and
+    push_to_hub are the only imports made inside functions."""
+    import ast
+    from pathlib import Path
+
+    package = Path(vit_core.__file__).parent
+    graph, lazy = {}, []
+    for name in ("config", "hybrid", "model", "checkpoint", "convert", "hub", "model_card", "mpp"):
+        tree = ast.parse((package / f"{name}.py").read_text())
+        graph[name] = {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 1}
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef):
+                lazy += [(name, fn.name, n.module) for n in ast.walk(fn) if isinstance(n, ast.ImportFrom) and n.level]
+    order = ["config", "hybrid", "model", "checkpoint", "convert", "hub"]
+    for i, name in enumerate(order):
+        assert graph[name] & set(order) <= set(order[:i]), (name, graph[name])
+    assert sorted(lazy) == [("model", "push_to_hub", "hub"), ("model", "save_pretrained", "checkpoint")]

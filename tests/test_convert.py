@@ -146,9 +146,14 @@ def _jax_arrays(sd: dict[str, torch.Tensor], num_heads: int, prefix: str = "") -
 def _tiny_timm_hybrid():
     backbone = _resnetv2(layers=(1, 1, 1))  # the paper's R50 stem with one block per stage: stride 16
     return TimmViT(
-        img_size=64, patch_size=1, embed_dim=32, depth=2, num_heads=2, num_classes=5,
+        img_size=64,
+        patch_size=1,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        num_classes=5,
         embed_layer=partial(HybridEmbed, backbone=backbone),
-    )  # fmt: skip
+    )
 
 
 def _tiny_timm_vit():

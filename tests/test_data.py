@@ -5,6 +5,7 @@ import gzip
 import hashlib
 import io
 import random
+import shutil
 import struct
 import sys
 import zlib
@@ -17,15 +18,17 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 from timm.data import create_transform, resolve_data_config, resolve_model_data_config
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 import vit_core
 from vit_core.data import (
+    Batches,
     ImageDataError,
     InMemoryImageDataset,
     build_dataset,
     build_mixup,
     build_transform,
+    check_augment,
     default_data_root,
     load_image,
     to_model_mode,
@@ -146,6 +149,40 @@ def test_idx_and_cifar_errors(tmp_path):
     (tmp_path / "cifar10" / "test_batch.npz").write_bytes(b"PK garbage")
     with pytest.raises(ImageDataError, match="test_batch.npz"):
         build_dataset("cifar10", "test", root=tmp_path)
+
+
+def test_folders_recognised_by_their_files(tmp_path):
+    """A folder holding IDX files (MNIST's layout) or CIFAR-10 npz shards is read as that format, whatever its
+    name: the bytes and labels written, in memory; Fashion-MNIST's class names for a folder named so."""
+    digits = tmp_path / "my_digits"
+    digits.mkdir()
+    pixels = bytes(range(256)) * 6 + bytes(32)  # two 28x28 images
+    for prefix in ("train", "t10k"):
+        _write_idx(digits / f"{prefix}-images-idx3-ubyte.gz", 2051, [2, 28, 28], pixels)
+        _write_idx(digits / f"{prefix}-labels-idx1-ubyte.gz", 2049, [2], bytes([7, 3]))
+    ds = build_dataset(str(digits), "test")
+    assert isinstance(ds, InMemoryImageDataset) and ds.images.shape == (2, 1, 28, 28)
+    assert ds.images.flatten().tolist() == list(pixels) and ds.targets.tolist() == [7, 3]
+    assert ds.classes == [str(i) for i in range(10)]
+    shutil.copytree(digits, tmp_path / "fashion_mnist")
+    assert build_dataset(str(tmp_path / "fashion_mnist"), "train").classes[:2] == ["T-shirt/top", "Trouser"]
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    x = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    np.savez_compressed(shards / "test_batch.npz", x=x, y=np.array([1, 0, 9], dtype=np.uint8))
+    ds = build_dataset(str(shards), "test")
+    assert torch.equal(ds.images, torch.from_numpy(x).permute(0, 3, 1, 2)) and ds.targets.tolist() == [1, 0, 9]
+    assert ds.classes[9] == "truck"
+    with pytest.raises(ImageDataError, match="data_batch_1.npz not found"):
+        build_dataset(str(shards), "train")
+
+
+@_needs("mnist")
+def test_the_shared_mnist_folder_by_path():
+    by_path, by_name = build_dataset(str(DATA / "mnist"), "test"), build_dataset("mnist", "test")
+    assert torch.equal(by_path.images, by_name.images) and torch.equal(by_path.targets, by_name.targets)
+    assert by_path.classes == by_name.classes
 
 
 # ------------------------------------------------------------------------------------ eval transform
@@ -375,9 +412,15 @@ def test_train_transform_is_timms_pipeline(rand_augment):
     aug = dict(crop="rrc", scale=(0.3, 1.0), rand_augment=rand_augment, re_prob=0.5, re_mode="pixel")
     ours = build_transform(cfg, train=True, augment=aug)
     ref = create_transform(
-        **resolve_data_config(pretrained_cfg=cfg), is_training=True, scale=(0.3, 1.0), hflip=0.5, color_jitter=None,
-        auto_augment=rand_augment, re_prob=0.5, re_mode="pixel",
-    )  # fmt: skip
+        **resolve_data_config(pretrained_cfg=cfg),
+        is_training=True,
+        scale=(0.3, 1.0),
+        hflip=0.5,
+        color_jitter=None,
+        auto_augment=rand_augment,
+        re_prob=0.5,
+        re_mode="pixel",
+    )
     for s in range(6):
         img = _noise(90, 70, seed=s)
         _seed(s)
@@ -422,8 +465,11 @@ def test_train_transform_deterministic_and_batched():
     assert up(x).shape == (16, 3, 224, 224)
     for aug in (dict(crop="rrc"), dict(rand_augment="rand-m9-mstd0.5")):  # per-image ops still take batches
         assert build_transform(cfg, train=True, augment=aug)(x).shape == (16, 3, 32, 32)
-    gray = build_transform(_cfg(img_size=28, in_chans=1, mean=(0.13,), std=(0.31,)), train=True,
-                           augment=dict(rand_augment="rand-m9-mstd0.5", hflip=False))  # fmt: skip
+    gray = build_transform(
+        _cfg(img_size=28, in_chans=1, mean=(0.13,), std=(0.31,)),
+        train=True,
+        augment=dict(rand_augment="rand-m9-mstd0.5", hflip=False),
+    )
     assert gray(x[:2, :1, :28, :28]).shape == (2, 1, 28, 28)
 
 
@@ -438,6 +484,12 @@ def test_augment_errors():
         build_transform({"mean": [0.5], "std": [0.5]})
     with pytest.raises(TypeError, match="uint8"):
         build_transform(_cfg())(torch.rand(3, 8, 8))
+    # checked without an input size, wrong types included (what recipes do before loading data)
+    with pytest.raises(ValueError, match=r"re_prob must be in \[0, 1\], got 'x'; re_count must be an int >= 1"):
+        check_augment({"re_prob": "x", "re_count": 0})
+    with pytest.raises(ValueError, match=r"scale must be \[lo, hi\] with 0 < lo <= hi <= 1, got 0.5"):
+        check_augment({"scale": 0.5})
+    assert check_augment({"hflip": False})["crop"] is None  # the size decides later
 
 
 def test_mixup_is_timms():
@@ -466,6 +518,32 @@ def test_batch_transform_equals_per_sample_items():
     assert ds[5][0].dtype == torch.uint8 and torch.equal(ds[5][0], images[5])
 
 
+def test_batches_fast_path_equals_the_dataloader_path():
+    """In-memory batches transformed on the device are the DataLoader's, image for image, in training (a
+    seeded permutation per epoch, split over processes) and in evaluation (every image once, in order)."""
+    images = torch.randint(0, 256, (30, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    tf = build_transform(_cfg(img_size=8))
+    fast = InMemoryImageDataset(images, torch.arange(30), [str(i) for i in range(30)], tf)  # label = index
+    slow = Subset(fast, range(30))  # not in memory: goes through a DataLoader
+    slow.transform = tf
+    for train in (True, False):
+        labels = []
+        for rank in (0, 1):
+            a, b = (Batches(d, 4, torch.device("cpu"), train=train, rank=rank, world=2, seed=3) for d in (fast, slow))
+            assert a.fast and not b.fast
+            a.set_epoch(2)
+            b.set_epoch(2)
+            pairs = list(zip(a, b, strict=True))
+            assert len(pairs) == len(a) == (3 if train else 4)  # 15 images each: 3 full batches, or all 15
+            for (xa, ya), (xb, yb) in pairs:
+                assert torch.equal(xa, xb) and torch.equal(ya, yb) and torch.equal(xa, tf(images[ya]))
+            labels.append(torch.cat([y for (_, y), _ in pairs]).tolist())
+        if train:  # two disjoint shares of one shuffled epoch
+            assert not set(labels[0]) & set(labels[1]) and labels[0] != sorted(labels[0])
+        else:  # rank r takes images r, r + 2, ...
+            assert labels == [list(range(0, 30, 2)), list(range(1, 30, 2))]
+
+
 def test_image_folder_through_dataloader(tmp_path):
     _tree(tmp_path, {"a": [("png", "RGBA", (8, 8))] * 3, "b": [("jpg", "L", (9, 7))] * 2})
     t = build_transform(_cfg(img_size=8), train=True, augment=dict(rand_augment="rand-m9-mstd0.5", re_prob=0.5))
@@ -484,8 +562,13 @@ def test_mnist_train_batches():
 
 
 def test_crop_box_is_the_region_the_eval_transform_keeps():
-    cfg = {"input_size": (3, 224, 224), "mean": (0.5,) * 3, "std": (0.5,) * 3, "crop_pct": 0.875,
-           "interpolation": "bilinear"}  # fmt: skip
+    cfg = {
+        "input_size": (3, 224, 224),
+        "mean": (0.5,) * 3,
+        "std": (0.5,) * 3,
+        "crop_pct": 0.875,
+        "interpolation": "bilinear",
+    }
     tf = build_transform(cfg)
     w, h = 400, 300
     left, top, right, bottom = tf.crop_box(w, h)

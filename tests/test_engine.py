@@ -1,34 +1,31 @@
 """The training engine: recipes, timm's ingredients (checked against timm and against the formulas), a short
-real MNIST run, resuming with bit-identical results, 2-process DDP on CPU, and evaluation against a plain
-count."""
+real MNIST run, resuming with bit-identical results (after a kill at any step of a save too), the run
+folder's guards, 2-process DDP on CPU, and evaluation (with flip TTA) against a plain count."""
 
 from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
+import shutil
+import signal
 import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-from PIL import Image
+from PIL import Image, ImageOps
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 import vit_core
+from vit_core.builders import build_optimizer, build_scheduler, load_init
 from vit_core.data import build_transform, default_data_root
-from vit_core.engine import (
-    Recipe,
-    RecipeError,
-    build_optimizer,
-    build_scheduler,
-    evaluate,
-    evaluate_checkpoint,
-    load_init,
-    train,
-    write_eval,
-)
+from vit_core.engine import Recipe, RecipeError, evaluate_checkpoint, train
+from vit_core.evaluation import evaluate, write_eval
+from vit_core.run_folder import stale_files
 
 TINY = dict(img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0, crop_pct=1.0)
 TIMING = {"images_per_s", "epoch_time_s", "elapsed_s"}
@@ -61,8 +58,8 @@ def make_image_folder(root: Path, n_per_class: int = 24, size: int = 8, seed: in
 
 
 def tiny_recipe(data: Path | str, **changes) -> dict:
-    return dict(model_args=dict(TINY), data=str(data), augment=dict(crop="none", hflip=False), batch_size=8,
-                lr=3e-3, epochs=2, device="cpu") | changes  # fmt: skip
+    recipe = dict(model_args=dict(TINY), data=str(data), augment=dict(crop="none", hflip=False), batch_size=8)
+    return recipe | dict(lr=3e-3, epochs=2, device="cpu") | changes
 
 
 # ----------------------------------------------------------------------------------------- recipes
@@ -80,6 +77,15 @@ def test_recipe_rejects_unknown_keys_and_bad_values():
     assert Recipe.from_dict({"lr": 1, "train_subset": (0, 10)}).lr == 1.0  # ints for floats, tuples for lists
     with pytest.raises(RecipeError, match=r"model_args: unknown ViTConfig field\(s\): depht; valid fields: .*depth"):
         train(tiny_recipe("unused", model_args=dict(TINY, depht=2)), "/nonexistent/never-written")
+    # checked before any data is read: the augmentation, the scratch model's config, subsets
+    with pytest.raises(RecipeError, match=r"augment: invalid augment: re_prob must be in \[0, 1\], got 5"):
+        Recipe.from_dict({"augment": {"re_prob": 5}})
+    with pytest.raises(RecipeError, match="model_args: invalid ViTConfig: .*num_heads"):
+        Recipe.from_dict({"model_args": {"num_heads": 0}})
+    with pytest.raises(RecipeError, match=r"train_subset must be N or \[start, stop\]"):
+        Recipe.from_dict({"train_subset": [0, "10"]})
+    with pytest.raises(RecipeError, match="warmup_epochs .* must be less than epochs .*--set warmup_epochs=0"):
+        Recipe.from_dict({"epochs": 1, "warmup_epochs": 1})
 
 
 # ------------------------------------------------------------------------------- timm ingredients
@@ -106,8 +112,9 @@ def test_layer_decay_groups_match_timm():
 
     cfg = vit_core.ViTConfig(**dict(TINY, depth=3), num_classes=3)
     ours = vit_core.create_model(cfg)
-    theirs = timm.models.VisionTransformer(img_size=8, patch_size=4, embed_dim=16, depth=3, num_heads=2,
-                                           mlp_ratio=2.0, num_classes=3)  # fmt: skip
+    theirs = timm.models.VisionTransformer(
+        img_size=8, patch_size=4, embed_dim=16, depth=3, num_heads=2, mlp_ratio=2.0, num_classes=3
+    )
     recipe = Recipe(layer_decay=0.5, weight_decay=0.05, lr=1.0)
     got = _groups(build_optimizer(ours, recipe))
     ref = _groups(create_optimizer_v2(theirs, "adamw", lr=1.0, weight_decay=0.05, layer_decay=0.5))
@@ -137,12 +144,11 @@ def test_schedule_is_linear_warmup_then_per_step_cosine():
 @needs_mnist
 def test_short_mnist_run_learns(tmp_path):
     """Two epochs on 10,000 MNIST training images (a 20k-parameter ViT): > 85% on 2,000 test images."""
-    recipe = dict(
-        model_args=dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0,
-                        global_pool="avg", class_token=False, mean=(0.1307,), std=(0.3081,), crop_pct=1.0),
-        data="mnist", train_subset=10_000, eval_subset=2000, augment=dict(crop="none", hflip=False),
-        weight_init="jax", epochs=2, batch_size=32, lr=1e-2, warmup_epochs=0.3, device="cpu",
-    )  # fmt: skip
+    model_args = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
+    model_args |= dict(global_pool="avg", class_token=False, mean=(0.1307,), std=(0.3081,), crop_pct=1.0)
+    recipe = dict(model_args=model_args, data="mnist", train_subset=10_000, eval_subset=2000)
+    recipe |= dict(augment=dict(crop="none", hflip=False), weight_init="jax", epochs=2, batch_size=32, lr=1e-2)
+    recipe |= dict(warmup_epochs=0.3, device="cpu")
     history = train(recipe, tmp_path / "run", progress=False).history
     assert history[-1]["test_top1"] > 85.0, history
 
@@ -173,9 +179,8 @@ def test_run_folder(tmp_path):
     recipe = Recipe.from_dict(tiny_recipe(data))
     history = train(recipe, tmp_path / "run", progress=False).history
     run = tmp_path / "run"
-    assert sorted(p.name for p in run.iterdir()) == [
-        "checkpoint.pt", "config.json", "curves.png", "metrics.jsonl", "model.safetensors", "recipe.json",
-    ]  # fmt: skip
+    files = ["checkpoint.pt", "config.json", "curves.png", "metrics.jsonl", "model.safetensors", "recipe.json"]
+    assert sorted(p.name for p in run.iterdir()) == files
     assert json.loads((run / "recipe.json").read_text()) == recipe.to_dict()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows == json.loads(json.dumps(history)) and [r["epoch"] for r in rows] == [1, 2]
@@ -186,6 +191,7 @@ def test_run_folder(tmp_path):
     # the training state is plain tensors and containers: loads without unpickling arbitrary objects
     state = torch.load(run / "checkpoint.pt", weights_only=True)
     assert state["epoch"] == 2 and set(state["model"]) == set(model.state_dict())
+    _assert_consistent(run, 2)
 
 
 def test_evaluate_matches_a_plain_count(tmp_path):
@@ -210,6 +216,24 @@ def test_evaluate_matches_a_plain_count(tmp_path):
     json_path, png_path = write_eval(result, tmp_path / "eval")
     assert json.loads(json_path.read_text())["confusion"] == confusion.tolist()
     assert Image.open(png_path).format == "PNG"
+
+    # flip TTA: each image's softmax averaged with its mirror's (mirrored before preprocessing here)
+    result = evaluate_checkpoint(tmp_path / "run", str(data), device="cpu", batch_size=7, progress=False, tta="flip")
+    confusion, top1, loss = torch.zeros(2, 2, dtype=torch.int64), 0, 0.0
+    for path in files:
+        label = ["blue", "red"].index(path.parent.name)
+        img = Image.open(path).convert("RGB")
+        with torch.no_grad():
+            p = sum(model(tf(im)[None]).double().softmax(-1)[0] for im in (img, ImageOps.mirror(img))) / 2
+        pred = int(p.argmax())
+        confusion[label, pred] += 1
+        top1 += pred == label
+        loss -= math.log(p[label])
+    assert torch.equal(result["confusion"], confusion) and result["tta"] == "flip"
+    assert result["top1"] == pytest.approx(100 * top1 / len(files))
+    assert result["loss"] == pytest.approx(loss / len(files), rel=1e-5)
+    json_path, png_path = write_eval(result, tmp_path / "eval")
+    assert (json_path.name, png_path.name) == ("eval_test_flip.json", "confusion_test_flip.png")
 
 
 def test_evaluate_accumulates_over_batches():
@@ -250,13 +274,31 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "model.safetensors")
 
 
+def _assert_consistent(run: Path, epoch: int) -> None:
+    """Every file of ``run`` holds ``epoch``: the checkpoint, the weights (its header, and its tensors equal to
+    the checkpoint's exported model), the metrics and the curves; no temporary file is left."""
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert state["epoch"] == epoch
+    exported = state["ema"] if state["ema"] is not None else state["model"]
+    weights = _weights(run)
+    assert weights.keys() == exported.keys() and all(torch.equal(weights[k], exported[k]) for k in weights)
+    with safe_open(run / "model.safetensors", "pt") as f:
+        assert f.metadata()["epoch"] == str(epoch)
+    assert [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").open()] == list(range(1, epoch + 1))
+    assert Image.open(run / "curves.png").text["epoch"] == str(epoch)
+    vit_core.from_pretrained(run)  # config.json and the weights load together, strictly
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
 def _same_run(a: Path, b: Path) -> None:
     wa, wb = _weights(a), _weights(b)
     assert wa.keys() == wb.keys()
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
-    rows = [[{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in (r / "metrics.jsonl").open()]
-            for r in (a, b)]  # fmt: skip
+    rows = [
+        [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in (r / "metrics.jsonl").open()]
+        for r in (a, b)
+    ]
     assert rows[0] == rows[1]
 
 
@@ -265,10 +307,16 @@ def test_resume_gives_the_uninterrupted_result(tmp_path):
     from every RNG the state saves: torch (crops, flips), python (RandAugment), numpy (Mixup), with EMA."""
     data = make_image_folder(tmp_path / "data")
     recipe = tiny_recipe(
-        data, epochs=3, augment=dict(crop="pad", padding=1, hflip=True, rand_augment="rand-m9-mstd0.5"),
-        mixup=0.8, cutmix=1.0, label_smoothing=0.1, ema_decay=0.9, warmup_epochs=1,
+        data,
+        epochs=3,
+        augment=dict(crop="pad", padding=1, hflip=True, rand_augment="rand-m9-mstd0.5"),
+        mixup=0.8,
+        cutmix=1.0,
+        label_smoothing=0.1,
+        ema_decay=0.9,
+        warmup_epochs=1,
         model_args=dict(TINY, drop_path_rate=0.1),
-    )  # fmt: skip
+    )
     train(recipe, tmp_path / "full", progress=False)
     assert len(train(recipe, tmp_path / "cut", stop_after=1, progress=False).history) == 1
     assert len(train(recipe, tmp_path / "cut", resume=True, progress=False).history) == 3
@@ -279,10 +327,15 @@ def test_resume_gives_the_uninterrupted_result(tmp_path):
 def test_resume_in_memory_fast_path(tmp_path):
     """The same on MNIST's in-memory uint8 batch path, with grad checkpointing switched on when resuming."""
     recipe = dict(
-        model_args=dict(TINY, img_size=28, patch_size=7, in_chans=1, mean=(0.5,), std=(0.5,)), data="mnist",
-        train_subset=512, eval_subset=256, augment=dict(crop="pad", padding=2, hflip=False), batch_size=64,
-        epochs=2, device="cpu",
-    )  # fmt: skip
+        model_args=dict(TINY, img_size=28, patch_size=7, in_chans=1, mean=(0.5,), std=(0.5,)),
+        data="mnist",
+        train_subset=512,
+        eval_subset=256,
+        augment=dict(crop="pad", padding=2, hflip=False),
+        batch_size=64,
+        epochs=2,
+        device="cpu",
+    )
     train(recipe, tmp_path / "full", progress=False)
     train(recipe, tmp_path / "cut", stop_after=1, progress=False)
     train(recipe | {"grad_checkpointing": True}, tmp_path / "cut", resume=True, progress=False)
@@ -306,6 +359,98 @@ def test_resume_guards(tmp_path):
         train(recipe, tmp_path / "run", resume=True, progress=False)
 
 
+def test_out_folder_guards(tmp_path):
+    """A run never writes into a folder of other files, or over a finished run, unless told to
+    (``overwrite``, which keeps the other files); temporary files of a killed save are removed."""
+    data = make_image_folder(tmp_path / "data")
+    recipe = tiny_recipe(data, epochs=1)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    (mine / "model.safetensors").write_bytes(b"someone else's weights")
+    with pytest.raises(RecipeError, match=r"is not a training run's folder \(it holds model.safetensors, notes.txt\)"):
+        train(recipe, mine, progress=False)
+    assert sorted(p.name for p in mine.iterdir()) == ["model.safetensors", "notes.txt"]
+    with pytest.raises(RecipeError, match="is a file, not a folder"):
+        train(recipe, mine / "notes.txt", progress=False)
+    train(recipe, mine, overwrite=True, progress=False)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    _assert_consistent(mine, 1)
+
+    # a finished run: refused, then started again with overwrite (the old run's files replaced)
+    with pytest.raises(RecipeError, match="already holds a run; pass --resume to continue it, --overwrite"):
+        train(recipe, mine, progress=False)
+    (mine / "eval_test.json").write_text("{}")  # an evaluation of the old model
+    (mine / ".checkpoint.pt.tmp").write_bytes(b"half a checkpoint")  # a kill while saving
+    history = train(recipe | {"lr": 1e-3}, mine, overwrite=True, progress=False).history
+    assert len(history) == 1 and json.loads((mine / "recipe.json").read_text())["lr"] == 1e-3
+    assert sorted(p.name for p in mine.iterdir()) == [
+        "checkpoint.pt",
+        "config.json",
+        "curves.png",
+        "metrics.jsonl",
+        "model.safetensors",
+        "notes.txt",
+        "recipe.json",
+    ]
+
+
+_COMMITTED = ("checkpoint.pt", "model.safetensors", "config.json", "metrics.jsonl", "curves.png")
+
+
+def _resume_and_die(recipe: dict, run: Path, rename: int | None) -> None:
+    """In a forked process: resume ``run`` to epoch 2 and SIGKILL this process while saving it: before the
+    ``rename``-th rename of an epoch file, or (None) half-way through writing the checkpoint."""
+
+    def die(*_):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if rename is None:
+        torch.save = lambda obj, f, *a, **kw: (f.write(b"half a checkpoint"), f.flush(), die())
+    else:
+        real, count = os.replace, [0]
+
+        def replace(src, dst):
+            if Path(dst).name in _COMMITTED:
+                if count[0] == rename:
+                    die()
+                count[0] += 1
+            real(src, dst)
+
+        os.replace = replace
+    train(recipe, run, resume=True, stop_after=2, progress=False)
+    os._exit(0)  # not killed: the caller's exit-code check fails
+
+
+def test_kill_at_every_step_of_a_save_then_resume(tmp_path):
+    """kill -9 at each step of saving epoch 2 (half-way through writing the checkpoint, and before each of the
+    renames that put the epoch's files in place), then resume: the folder is consistent again (every file at
+    one epoch, no temporary files) and the final weights equal an uninterrupted run's, bit for bit."""
+    data = make_image_folder(tmp_path / "data")
+    recipe = tiny_recipe(data, epochs=3, augment=dict(crop="pad", padding=1, hflip=True), ema_decay=0.9)
+    train(recipe, tmp_path / "straight", progress=False)
+    train(recipe, tmp_path / "base", stop_after=1, progress=False)
+    torn = []
+    for rename in (None, *range(len(_COMMITTED))):
+        run = tmp_path / f"killed-{rename}"
+        shutil.copytree(tmp_path / "base", run)
+        child = multiprocessing.get_context("fork").Process(target=_resume_and_die, args=(recipe, run, rename))
+        child.start()
+        child.join(timeout=300)
+        if child.is_alive():  # hung: do not leave it behind
+            child.kill()
+        assert child.exitcode == -signal.SIGKILL, (rename, child.exitcode)
+        epoch = torch.load(run / "checkpoint.pt", weights_only=True)["epoch"]
+        assert epoch in (1, 2), rename
+        torn.append(bool(stale_files(run, epoch)))
+        train(recipe, run, resume=True, stop_after=2, progress=False)  # repairs, or redoes epoch 2
+        _assert_consistent(run, 2)
+        train(recipe, run, resume=True, progress=False)
+        _assert_consistent(run, 3)
+        _same_run(tmp_path / "straight", run)
+    assert any(torn), "no kill left files behind the checkpoint: the repair was not exercised"
+
+
 # ---------------------------------------------------------------------------------- fine-tuning
 
 
@@ -321,8 +466,16 @@ def test_finetune_at_higher_resolution(tmp_path):
     want = vit_core.resample_pos_embed(base.pos_embed, (3, 3), (2, 2), base.num_prefix_tokens)
     assert torch.equal(model.pos_embed, want)
 
-    recipe = dict(data=str(data), init=str(tmp_path / "base"), model_args=dict(img_size=12), batch_size=8,
-                  epochs=1, lr=1e-3, augment=dict(crop="none", hflip=False), device="cpu")  # fmt: skip
+    recipe = dict(
+        data=str(data),
+        init=str(tmp_path / "base"),
+        model_args=dict(img_size=12),
+        batch_size=8,
+        epochs=1,
+        lr=1e-3,
+        augment=dict(crop="none", hflip=False),
+        device="cpu",
+    )
     torch.manual_seed(0)
     history = train(recipe | {"lr": 0.0, "min_lr": 0.0, "warmup_lr": 0.0}, tmp_path / "lr0", progress=False).history
     tuned = vit_core.from_pretrained(tmp_path / "lr0")
@@ -355,8 +508,14 @@ def _free_port() -> int:
 
 
 def _ddp_worker(rank: int, world: int, port: int, recipe: dict, root: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        GLOO_SOCKET_IFNAME="lo",
+    )
     torch.set_num_threads(1)
     out = Path(root) / ("ddp" if rank == 0 else f"rank{rank}-must-not-exist")
     result = train(recipe, out, progress=False)
@@ -369,8 +528,9 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     one process with the same global batch (float rounding aside). SGD, because Adam turns the float noise
     in gradients that are zero in exact arithmetic (attention's key bias) into full-size steps."""
     data = make_image_folder(tmp_path / "data", n_per_class=32)
-    recipe = tiny_recipe(data, epochs=2, batch_size=16, opt="sgd", lr=0.05, warmup_epochs=0.5,
-                         model_args=dict(TINY, depth=2))  # fmt: skip
+    recipe = tiny_recipe(
+        data, epochs=2, batch_size=16, opt="sgd", lr=0.05, warmup_epochs=0.5, model_args=dict(TINY, depth=2)
+    )
     mp.spawn(_ddp_worker, args=(2, _free_port(), recipe, str(tmp_path)), nprocs=2, join=True)
 
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))

@@ -259,6 +259,25 @@ def test_load_errors_name_the_problem(hub, tmp_path):
         vit_core.from_pretrained("alice/empty")
 
 
+def test_oversized_repos_are_refused_before_their_weights_are_downloaded(hub):
+    huge = vit_core.checkpoint.config_to_dict(_model().config)
+    huge["model_args"] |= {"embed_dim": 16384, "depth": 64, "num_heads": 16}
+    hub.add_repo("mallory/huge", {"config.json": json.dumps(huge).encode(), "model.safetensors": b"x" * 1024})
+    with pytest.raises(CheckpointError, match="parameters, more than the limit"):
+        vit_core.from_pretrained("mallory/huge")
+    hf = {
+        "model_type": "vit",
+        "hidden_size": 16384,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 16,
+        "intermediate_size": 65536,
+    }
+    hub.add_repo("mallory/huge-hf", {"config.json": json.dumps(hf).encode(), "model.safetensors": b"x" * 1024})
+    with pytest.raises(CheckpointError, match="parameters, more than the limit"):
+        vit_core.from_pretrained("mallory/huge-hf")
+    assert not [path for _, path in hub.requests if path.endswith("model.safetensors")]
+
+
 class _Payload:
     """What a malicious pickle does: call something on load (here, create a file)."""
 

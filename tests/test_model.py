@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import vit_core
+from vit_core.model import state_shapes
 
 
 def _pair(name: str, seed: int = 0, timm_kwargs: dict | None = None, **kwargs):
@@ -189,3 +190,74 @@ def test_stochastic_depth_only_in_training():
     assert not torch.equal(model(x), model(x))
     model.eval()
     assert torch.equal(model(x), model(x))
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [vit_core.get_config(n) for n in vit_core.list_models()]
+    + [
+        vit_core.ViTConfig(img_size=(32, 48), patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=0),
+        vit_core.ViTConfig(
+            img_size=32,
+            patch_size=8,
+            embed_dim=16,
+            depth=1,
+            num_heads=4,
+            qkv_bias=False,
+            representation_size=7,
+            global_pool="avg",
+            class_token=False,
+            mlp_ratio=1.5,
+        ),
+        vit_core.ViTConfig(
+            img_size=28,
+            patch_size=4,
+            in_chans=1,
+            mean=(0.1,),
+            std=(0.3,),
+            embed_dim=8,
+            depth=1,
+            num_heads=1,
+            num_classes=10,
+        ),
+        vit_core.ViTConfig(img_size=64, patch_size=1, backbone_layers=(1, 2), embed_dim=32, depth=1, num_heads=2),
+        vit_core.ViTConfig(
+            img_size=32,
+            patch_size=2,
+            stem_channels=(8, 16, 32),
+            stem_strides=(1, 2, 2),
+            embed_dim=32,
+            depth=2,
+            num_heads=2,
+            global_pool="avg",
+            class_token=False,
+        ),
+    ],
+    ids=lambda c: c.name or "custom",
+)
+def test_state_shapes_from_the_config_equal_the_built_model(cfg):
+    # the loaders' pre-allocation checks rest on this table
+    with torch.device("meta"):
+        model = vit_core.create_model(cfg)
+    assert state_shapes(cfg) == {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def test_group_matcher_fine_and_coarse_with_timms_grouping():
+    from timm.models import group_parameters
+
+    model = vit_core.create_model("vit_tiny_patch16_224", img_size=32, depth=3, num_classes=4)
+    fine = group_parameters(model, model.group_matcher())
+    coarse = group_parameters(model, model.group_matcher(coarse=True))
+    norm, head = ["norm.weight", "norm.bias"], ["head.weight", "head.bias"]
+    # stem, 3 blocks, head; the final norm joins the last block, or (coarse) the head
+    assert len(fine) == len(coarse) == 5
+    assert fine[3][-2:] == norm and fine[4] == head
+    assert coarse[3] == [n for n in fine[3] if n not in norm] and coarse[4] == norm + head
+    assert fine[0] == coarse[0] == ["cls_token", "pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias"]
+
+
+def test_class_names_fall_back_to_indices():
+    model = vit_core.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=3)
+    assert model.label_names is None and model.class_names == ["0", "1", "2"]
+    model.reset_classifier(2, label_names=["cat", "dog"])
+    assert model.class_names == ["cat", "dog"]

@@ -99,6 +99,24 @@ def test_forward_predicts_the_corrupted_patches_colours():
     assert mpp.no_weight_decay() == {"mask_token", "vit.pos_embed", "vit.cls_token"}
 
 
+@pytest.mark.parametrize("pool", ["token", "avg"])
+def test_uncorrupted_patches_go_through_the_models_own_forward(pool):
+    """With every chosen patch kept (probs 0, 0, 1) the wrapper's encoder is the ViT's forward_features
+    (plus fc_norm for average pooling, which normalises after pooling)."""
+    torch.manual_seed(0)
+    cfg = vit_core.ViTConfig(**TINY, global_pool=pool, class_token=pool == "token")
+    vit = vit_core.create_model(cfg).eval()
+    mpp = MaskedPatchPrediction(vit, probs=(0.0, 0.0, 1.0)).eval()
+    x = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        logits, _ = mpp(x, generator=torch.Generator().manual_seed(0))
+        _, kind = corrupt_patches(
+            torch.zeros(3, 16, 16), torch.zeros(1, 1, 16), generator=torch.Generator().manual_seed(0)
+        )
+        tokens = vit.fc_norm(vit.forward_features(x))[:, vit.num_prefix_tokens :]
+        assert torch.equal(logits, mpp.head(tokens[kind > 0]))
+
+
 def test_hybrid_models_are_refused():
     vit = vit_core.create_model("vit_base_r50_s16_224", num_classes=0, img_size=64, depth=1)
     with pytest.raises(ValueError, match="hybrid"):
@@ -113,8 +131,14 @@ def test_pretrain_then_finetune_through_the_engine(tmp_path):
     model_args = dict(TINY, img_size=8, crop_pct=1.0)
     del model_args["num_classes"]
     data = make_image_folder(tmp_path / "data")
-    common = dict(data=str(data), model_args=model_args, augment=dict(crop="none", hflip=False), batch_size=16,
-                  lr=3e-3, device="cpu")  # fmt: skip
+    common = dict(
+        data=str(data),
+        model_args=model_args,
+        augment=dict(crop="none", hflip=False),
+        batch_size=16,
+        lr=3e-3,
+        device="cpu",
+    )
     history = train(dict(common, task="mpp", epochs=4), tmp_path / "mpp", progress=False).history
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert {"test_loss", "test_acc"} <= set(history[-1])

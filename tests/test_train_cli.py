@@ -1,11 +1,16 @@
-"""``python -m train``: recipes, overrides, clear one-line errors for bad input, eval, fine-tuning, Hub
-wiring, and a run killed with SIGKILL then resumed from the command line."""
+"""``python -m train``: recipes, overrides, clear one-line errors for bad input (bad values, folders that
+are not runs, a full disk), data folders recognised by their files, the progress line in a log, eval (with
+flip TTA), fine-tuning, Hub wiring, and a run killed with SIGKILL then resumed from the command line."""
 
 from __future__ import annotations
 
+import errno
+import gzip
 import json
 import os
+import re
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -17,9 +22,9 @@ from PIL import Image
 from safetensors.torch import load_file
 
 import vit_core
-from train import apply_overrides, list_recipes, load_recipe
+from train import apply_overrides, fit_warmup, list_recipes, load_recipe
 from train.__main__ import main
-from vit_core.engine import Recipe, RecipeError
+from vit_core.recipe import Recipe, RecipeError
 
 from .test_engine import TINY, make_image_folder, one_thread  # noqa: F401  (autouse fixture)
 
@@ -30,8 +35,8 @@ ONE_TINY_EPOCH = ["--no-progress", "--recipe", "mnist_tiny", *TINY_SETS, "device
 
 def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "train", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300, **kwargs)  # fmt: skip
+    cmd = [sys.executable, "-m", "train", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, **kwargs)
 
 
 def cli_error(capsys, *args: str) -> str:
@@ -47,8 +52,8 @@ def cli_error(capsys, *args: str) -> str:
 
 def test_every_recipe_is_valid():
     names = list_recipes()
-    assert {"mnist_tiny", "cifar10_vit", "cifar10_vit_cpu", "mpp_pretrain", "mpp_then_finetune",
-            "mpp_scratch_baseline", "finetune_hires"} <= set(names)  # fmt: skip
+    ours = {"mnist_tiny", "cifar10_vit", "cifar10_vit_cpu", "mpp_pretrain", "mpp_then_finetune"}
+    assert ours | {"mpp_scratch_baseline", "finetune_hires"} <= set(names)
     for name, doc in names.items():
         assert doc, f"{name} needs a docstring"
         Recipe.from_dict(load_recipe(name))
@@ -69,10 +74,26 @@ def test_overrides():
         {"augment": {"hflip": True}},
         ["lr=3e-4", "augment.re_prob=0.25", "model_args.depth=6", "init=runs/x", "ema_decay=None", "mixup=true"],
     )
-    assert recipe == {"augment": {"hflip": True, "re_prob": 0.25}, "lr": 3e-4, "model_args": {"depth": 6},
-                      "init": "runs/x", "ema_decay": None, "mixup": True}  # fmt: skip
+    want = {"augment": {"hflip": True, "re_prob": 0.25}, "lr": 3e-4, "model_args": {"depth": 6}, "init": "runs/x"}
+    assert recipe == want | {"ema_decay": None, "mixup": True}
     with pytest.raises(RecipeError, match="key=value"):
         apply_overrides({}, ["lr"])
+
+
+def test_a_short_run_gets_a_warmup_that_fits():
+    """--epochs below the recipe's warmup: the warmup keeps its share of the recipe's run, unless it was set."""
+    base = {"epochs": 15, "warmup_epochs": 1}
+    recipe, note = fit_warmup(base, ["epochs=1"], apply_overrides(base, ["epochs=1"]))
+    assert recipe == {"epochs": 1, "warmup_epochs": 0.0667} and "warmup_epochs 1 does not fit in 1 epoch" in note
+    Recipe.from_dict(recipe)
+    fits = {"epochs": 5, "warmup_epochs": 1}
+    assert fit_warmup(base, ["epochs=5"], fits) == (fits, None)
+    chosen = ["epochs=1", "warmup_epochs=1"]
+    assert fit_warmup(base, chosen, apply_overrides(base, chosen))[1] is None  # the user's choice: an error later
+    assert fit_warmup({"epochs": 2, "warmup_epochs": 3}, ["epochs=1"], {"epochs": 1, "warmup_epochs": 3})[0] == {
+        "epochs": 1,
+        "warmup_epochs": 0.0,
+    }
 
 
 def test_list(capsys):
@@ -128,6 +149,88 @@ def test_bad_checkpoint_for_eval(capsys, tmp_path):
     assert "no config.json" in err
 
 
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("augment.re_prob=5", r"re_prob must be in \[0, 1\], got 5"),
+        ("augment.re_prob='high'", "re_prob must be in"),
+        ("augment.rand_augment='rand-q9'", "augment: bad rand_augment spec 'rand-q9'"),
+        ("model_args.num_heads=0", "model_args: invalid ViTConfig: .*num_heads"),
+        ("model_args.depth='six'", "model_args: invalid ViTConfig: .*depth"),
+        ("lr='fast'", "'lr' must be float, got 'fast'"),
+        ("epochs=2.5", "'epochs' must be int, got 2.5"),
+        ("seed=-1", "seed must be >= 0"),
+        ("lr=1e999", "'lr' must be a finite number"),
+        ("train_subset=0", "train_subset must be >= 1"),
+        ("train_subset=[10, 'x']", r"train_subset must be N or \[start, stop\]"),
+        ("eval_subset=100000", "subset up to 100000 images, but the dataset has only 24"),
+        ("grad_clip=0", "grad_clip must be > 0"),
+    ],
+)
+def test_bad_set_values_are_one_line_errors(capsys, tmp_path, assignment, message):
+    data = make_image_folder(tmp_path / "data")
+    err = cli_error(capsys, "--data", str(data), "--out", str(tmp_path / "r"), *ONE_TINY_EPOCH, assignment)
+    assert re.search(message, err), err
+    assert not (tmp_path / "r").exists()
+
+
+def test_out_that_is_not_a_run_folder(capsys, tmp_path):
+    data = make_image_folder(tmp_path / "data")
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "thesis.tex").write_text("years of work")
+    err = cli_error(capsys, "--data", str(data), "--out", str(tmp_path / "r"), *ONE_TINY_EPOCH)
+    assert "is not a training run's folder (it holds thesis.tex)" in err and "--overwrite" in err
+    assert main(["--data", str(data), "--out", str(tmp_path / "r"), *ONE_TINY_EPOCH, "--overwrite"]) == 0
+    assert (tmp_path / "r" / "thesis.tex").read_text() == "years of work"
+    assert (tmp_path / "r" / "checkpoint.pt").is_file()
+
+
+def test_full_disk_is_one_line(capsys, tmp_path, monkeypatch):
+    """ENOSPC while saving (as torch.save reports it: a RuntimeError raised while handling the OSError): one
+    line that says the disk is full and where, and no half-written file left."""
+
+    def full(obj, f, *args, **kwargs):
+        f.write(b"the start of a checkpoint")
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:671] . unexpected pos 576 vs 534") from None
+
+    monkeypatch.setattr(torch, "save", full)
+    data = make_image_folder(tmp_path / "data")
+    run = tmp_path / "r"
+    err = cli_error(capsys, "--data", str(data), "--out", str(run), *ONE_TINY_EPOCH)
+    assert f"the disk is full: could not write {run / 'checkpoint.pt'}" in err and "start it again" in err
+    assert sorted(p.name for p in run.iterdir()) == ["recipe.json"]
+
+
+def _write_idx(path: Path, magic: int, dims: list[int], payload: bytes) -> None:
+    path.write_bytes(gzip.compress(struct.pack(f">{1 + len(dims)}i", magic, *dims) + payload))
+
+
+def test_idx_folder_short_run_and_its_progress_in_a_log(capsys, tmp_path):
+    """--data with a folder of MNIST-style IDX files (any name); --epochs 1 with a recipe whose warmup is a
+    whole epoch; and the progress line, written as plain lines with an ETA because stderr is not a terminal."""
+    data = tmp_path / "digits"
+    data.mkdir()
+    g = torch.Generator().manual_seed(0)
+    for prefix, n in (("train", 32), ("t10k", 8)):
+        images = torch.randint(0, 256, (n, 8, 8), generator=g, dtype=torch.uint8)
+        _write_idx(data / f"{prefix}-images-idx3-ubyte.gz", 2051, [n, 8, 8], images.numpy().tobytes())
+        _write_idx(data / f"{prefix}-labels-idx1-ubyte.gz", 2049, [n], bytes(i % 3 for i in range(n)))
+    run = tmp_path / "r"
+    args = ["--recipe", "mnist_tiny", "--data", str(data), "--out", str(run), "--epochs", "1", *TINY_SETS]
+    assert main([*args, "device='cpu'"]) == 0
+    err = capsys.readouterr().err
+    assert "note: warmup_epochs 1 does not fit in 1 epoch(s); using 0.0667" in err
+    assert json.loads((run / "recipe.json").read_text())["warmup_epochs"] == 0.0667
+    assert vit_core.from_pretrained(run).label_names == [str(i) for i in range(10)]
+    lines = [line for line in err.splitlines() if line.startswith("epoch 1/1 step")]
+    assert [line.split()[3] for line in lines] == ["1/4", "2/4", "3/4", "4/4"], err
+    assert all(re.search(r"loss \d+\.\d{4} lr \S+ elapsed \d+:\d\d:\d\d ETA \d+:\d\d:\d\d$", line) for line in lines)
+    assert "\r" not in err
+
+
 def test_error_as_a_real_process(tmp_path):
     """The installed entry point: non-zero exit and a one-line message, no traceback."""
     proc = run_cli("--recipe", "mnist_tiny", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "r"))
@@ -141,8 +244,23 @@ def test_error_as_a_real_process(tmp_path):
 def test_train_eval_finetune_and_push(capsys, tmp_path, monkeypatch):
     data = make_image_folder(tmp_path / "data")
     run = tmp_path / "run"
-    args = ["--recipe", "mnist_tiny", "--data", str(data), "--out", str(run), "--epochs", "2", "--batch-size", "8",
-            "--device", "cpu", "--no-progress", *TINY_SETS, "warmup_epochs=0.5"]  # fmt: skip
+    args = [
+        "--recipe",
+        "mnist_tiny",
+        "--data",
+        str(data),
+        "--out",
+        str(run),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--device",
+        "cpu",
+        "--no-progress",
+        *TINY_SETS,
+        "warmup_epochs=0.5",
+    ]
     assert main(args) == 0
     assert json.loads((run / "recipe.json").read_text())["data"] == str(data)
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
@@ -153,6 +271,10 @@ def test_train_eval_finetune_and_push(capsys, tmp_path, monkeypatch):
     saved = json.loads((run / "eval_test.json").read_text())
     assert f"top-1 {saved['top1']:.2f}%" in out and "confusion matrix" in out and "blue" in out
     assert sum(map(sum, saved["confusion"])) == 24 and (run / "confusion_test.png").is_file()
+    evaluate = ["eval", "--model", str(run), "--data", str(data), "--device", "cpu", "--no-progress"]
+    assert main([*evaluate, "--tta", "flip"]) == 0
+    assert "flip TTA): top-1" in capsys.readouterr().out
+    assert json.loads((run / "eval_test_flip.json").read_text())["tta"] == "flip"
 
     # fine-tune at a higher resolution, then push (the Hub call is replaced: no network in tests)
     pushed = {}
@@ -160,10 +282,36 @@ def test_train_eval_finetune_and_push(capsys, tmp_path, monkeypatch):
 
     monkeypatch.setattr(vit_core.hub, "push_to_hub", lambda src, repo, **kw: pushed.update(src=src, repo=repo, **kw))
     ft = tmp_path / "ft"
-    assert main(["--recipe", "mnist_tiny", "--data", str(data), "--out", str(ft), "--init", str(run), "--img-size",
-                 "12", "--epochs", "1", "--batch-size", "8", "--device", "cpu", "--no-progress", "--set",
-                 "warmup_epochs=0", "augment={'crop': 'none', 'hflip': False}", "--push-to-hub", "me/tiny",
-                 "--private"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--recipe",
+                "mnist_tiny",
+                "--data",
+                str(data),
+                "--out",
+                str(ft),
+                "--init",
+                str(run),
+                "--img-size",
+                "12",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "8",
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--set",
+                "warmup_epochs=0",
+                "augment={'crop': 'none', 'hflip': False}",
+                "--push-to-hub",
+                "me/tiny",
+                "--private",
+            ]
+        )
+        == 0
+    )
     assert vit_core.from_pretrained(ft).config.img_size == 12
     assert pushed == {"src": str(ft), "repo": "me/tiny", "private": True}
 
@@ -179,13 +327,24 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     from vit_core.engine import train
 
     data = make_image_folder(tmp_path / "data", n_per_class=96)
-    sets = ["model_args=" + repr(TINY), "augment={'crop': 'pad', 'padding': 1, 'hflip': True}", "model=None",
-            "warmup_epochs=1", "mixup=0.8", "device='cpu'"]  # fmt: skip
+    sets = [
+        "model_args=" + repr(TINY),
+        "augment={'crop': 'pad', 'padding': 1, 'hflip': True}",
+        "model=None",
+        "warmup_epochs=1",
+        "mixup=0.8",
+        "device='cpu'",
+    ]
     common = ["--recipe", "mnist_tiny", "--data", str(data), "--epochs", "40", "--batch-size", "16", "--no-progress"]
     run = tmp_path / "killed"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "train", *common, "--out", str(run), "--set", *sets], cwd=REPO,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "train", *common, "--out", str(run), "--set", *sets],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 240
         while _epochs_done(run) < 1 and proc.poll() is None and time.time() < deadline:
@@ -201,8 +360,11 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert _epochs_done(run) == 3
 
     recipe = apply_overrides(load_recipe("mnist_tiny"), sets) | {
-        "data": str(data), "epochs": 40, "batch_size": 16, "model": None,
-    }  # fmt: skip
+        "data": str(data),
+        "epochs": 40,
+        "batch_size": 16,
+        "model": None,
+    }
     train(recipe, tmp_path / "straight", stop_after=3, progress=False)
     a, b = load_file(run / "model.safetensors"), load_file(tmp_path / "straight" / "model.safetensors")
     for k in a:
@@ -214,10 +376,35 @@ def test_torchrun_two_processes(tmp_path):
     """``torchrun --nproc_per_node 2 -m train``: the user's command for data-parallel training."""
     data = make_image_folder(tmp_path / "data", n_per_class=32)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), GLOO_SOCKET_IFNAME="lo")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", "29517", "-m", "train", "--recipe", "mnist_tiny", "--data", str(data), "--out",
-           str(tmp_path / "ddp"), "--epochs", "2", "--batch-size", "16", "--no-progress", *TINY_SETS,
-           "device='cpu'", "opt='sgd'", "lr=0.05", "warmup_epochs=0"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        "29517",
+        "-m",
+        "train",
+        "--recipe",
+        "mnist_tiny",
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "ddp"),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        "--no-progress",
+        *TINY_SETS,
+        "device='cpu'",
+        "opt='sgd'",
+        "lr=0.05",
+        "warmup_epochs=0",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _epochs_done(tmp_path / "ddp") == 2

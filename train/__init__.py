@@ -1,7 +1,7 @@
 """``python -m train``: train, fine-tune and evaluate ViTs from small declarative recipes.
 
 A recipe is a Python file in ``train/recipes/`` (or anywhere, given by path) defining a dict ``recipe``
-whose keys are ``vit_core.engine.Recipe`` fields, as big_vision's configs are Python files. Keys left out
+whose keys are ``vit_core.recipe.Recipe`` fields, as big_vision's configs are Python files. Keys left out
 take the defaults of ``Recipe``; command-line options and ``--set key=value`` override them.
 """
 
@@ -13,7 +13,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from vit_core.engine import RecipeError
+from vit_core.recipe import Recipe, RecipeError
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -75,3 +75,28 @@ def _parse_value(text: str) -> Any:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
+
+
+def fit_warmup(
+    base: dict[str, Any], assignments: list[str], recipe: dict[str, Any]
+) -> tuple[dict[str, Any], str | None]:
+    """``recipe`` (``base`` with ``assignments`` applied) with a warmup that fits its epochs, and a note
+    saying so (None when nothing changed).
+
+    When the assignments shorten the run (``--epochs 1``) to or below the base recipe's warmup and leave
+    ``warmup_epochs`` alone, the warmup keeps its share of the base recipe's run (1 of 15 epochs becomes
+    1/15 of 1 epoch), so a quick trial of a recipe works as it stands. Anything else is left as it is."""
+    default = Recipe()
+    epochs = recipe.get("epochs", default.epochs)
+    warmup = recipe.get("warmup_epochs", default.warmup_epochs)
+    base_epochs = base.get("epochs", default.epochs)
+    chosen = any(a.partition("=")[0] == "warmup_epochs" for a in assignments)
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (epochs, warmup, base_epochs))
+    if chosen or not numbers or warmup < epochs or epochs <= 0 or epochs == base_epochs:
+        return recipe, None
+    fitted = round(warmup * epochs / base_epochs, 4) if warmup < base_epochs else 0.0
+    note = (
+        f"note: warmup_epochs {warmup:g} does not fit in {epochs:g} epoch(s); using {fitted:g}, the recipe's "
+        "share of the run (--set warmup_epochs=X to choose)"
+    )
+    return recipe | {"warmup_epochs": fitted}, note

@@ -3,9 +3,11 @@
     python -m train --recipe mnist_tiny --out runs/mnist_tiny
     python -m train --recipe cifar10_vit --epochs 5 --seed 0 --out runs/c10
     python -m train --resume --out runs/c10                       # continue a stopped run
+    python -m train --recipe mnist_tiny --out runs/m --overwrite  # start over in a folder that holds a run
     python -m train --recipe cifar10_finetune --init timm:vit_tiny_patch16_224 --img-size 224
     torchrun --nproc_per_node 4 -m train --recipe cifar10_vit     # data-parallel, same recipe
     python -m train eval --model runs/c10 --data cifar10
+    python -m train eval --model runs/c10 --data cifar10 --tta flip   # average with the mirrored image
     python -m train list
 
 Errors in the input (recipe keys, data, checkpoints) end the program with a one-line message and exit
@@ -22,14 +24,23 @@ from pathlib import Path
 
 from vit_core.checkpoint import CheckpointError
 from vit_core.data import ImageDataError
-from vit_core.engine import RECIPE_NAME, Recipe, RecipeError, evaluate_checkpoint, format_confusion, train, write_eval
+from vit_core.engine import train
+from vit_core.evaluation import TTA_MODES, evaluate_checkpoint, format_confusion, write_eval
+from vit_core.recipe import Recipe, RecipeError
+from vit_core.run_folder import CHECKPOINT_NAME, RECIPE_NAME, DiskFullError
 
-from . import apply_overrides, list_recipes, load_recipe
+from . import apply_overrides, fit_warmup, list_recipes, load_recipe
 
 USER_ERRORS = (
-    RecipeError, CheckpointError, ImageDataError, FileNotFoundError, NotADirectoryError, PermissionError,
+    RecipeError,
+    CheckpointError,
+    ImageDataError,
+    DiskFullError,
+    FileNotFoundError,
+    NotADirectoryError,
+    PermissionError,
     FloatingPointError,  # a diverging loss
-)  # fmt: skip
+)
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -40,6 +51,11 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", help="recipe name in train/recipes/ or path to a .py recipe")
     p.add_argument("--out", help="run folder (default runs/<recipe name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start a new run in an --out that holds a run or other files (run files replaced, others kept)",
+    )
     p.add_argument("--stop-after", type=int, metavar="N", help="stop after epoch N (resume later)")
     p.add_argument("--data", help="dataset: mnist | fashion-mnist | cifar10 | a folder | hf:<name>")
     p.add_argument("--epochs", type=int)
@@ -58,7 +74,7 @@ def train_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--push-to-hub", metavar="REPO", help="upload the run to this Hugging Face Hub repo afterwards")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true", help="no progress line")
     return p
 
 
@@ -71,6 +87,7 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--subset", type=int, metavar="N", help="evaluate on N images (a fixed random subset)")
     p.add_argument("--device", default="auto")
     p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--tta", choices=TTA_MODES, help="test-time augmentation: flip averages the image and its mirror")
     p.add_argument("--out", help="folder for eval_<split>.json and confusion_<split>.png (default: the model's folder)")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -79,10 +96,20 @@ def eval_parser() -> argparse.ArgumentParser:
 def run_train(argv: list[str]) -> None:
     args = train_parser().parse_args(argv)
     sets = list(args.set)
-    for key, value in (("data", args.data), ("epochs", args.epochs), ("batch_size", args.batch_size),
-                       ("lr", args.lr), ("seed", args.seed), ("device", args.device), ("compile", args.compile),
-                       ("init", args.init), ("train_subset", args.subset), ("eval_subset", args.eval_subset),
-                       ("workers", args.workers)):  # fmt: skip
+    options = {
+        "data": args.data,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "device": args.device,
+        "compile": args.compile,
+        "init": args.init,
+        "train_subset": args.subset,
+        "eval_subset": args.eval_subset,
+        "workers": args.workers,
+    }
+    for key, value in options.items():
         if value is not None:
             sets.append(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}")
     if args.img_size is not None:
@@ -101,12 +128,26 @@ def run_train(argv: list[str]) -> None:
     if args.init is not None and base.get("init") is None:
         # a from-scratch recipe fine-tuned from --init: the checkpoint defines the architecture
         base = base | {"model": None, "model_args": {}}
-    recipe = Recipe.from_dict(apply_overrides(base, sets))
+    recipe, note = fit_warmup(base, sets, apply_overrides(base, sets))
+    if note and not args.resume:
+        print(note, file=sys.stderr)
+    recipe = Recipe.from_dict(recipe)
+    resume = f"python -m train --resume --out {args.out}"
     try:
-        train(recipe, args.out, resume=args.resume, stop_after=args.stop_after, progress=not args.no_progress)
+        train(
+            recipe,
+            args.out,
+            resume=args.resume,
+            stop_after=args.stop_after,
+            progress=not args.no_progress,
+            overwrite=args.overwrite,
+        )
     except KeyboardInterrupt:
-        print(f"\ninterrupted; continue with: python -m train --resume --out {args.out}", file=sys.stderr)
+        print(f"\ninterrupted; continue with: {resume}", file=sys.stderr)
         raise SystemExit(130) from None
+    except DiskFullError as e:
+        then = f"continue with: {resume}" if (Path(args.out) / CHECKPOINT_NAME).is_file() else "start it again"
+        raise DiskFullError(f"{e}; free some space, then {then}") from None
     if args.push_to_hub and int(os.environ.get("RANK", "0")) == 0:
         from vit_core.hub import push_to_hub
 
@@ -117,13 +158,23 @@ def run_train(argv: list[str]) -> None:
 def run_eval(argv: list[str]) -> None:
     args = eval_parser().parse_args(argv)
     result = evaluate_checkpoint(
-        args.model, args.data, split=args.split, batch_size=args.batch_size, device=args.device,
-        subset=args.subset, workers=args.workers, progress=not args.no_progress,
-    )  # fmt: skip
+        args.model,
+        args.data,
+        split=args.split,
+        batch_size=args.batch_size,
+        device=args.device,
+        subset=args.subset,
+        workers=args.workers,
+        progress=not args.no_progress,
+        tta=args.tta,
+    )
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun every process has the totals; one reports
         return
-    print(f"{args.model} on {args.data} {args.split} ({result['count']} images): "
-          f"top-1 {result['top1']:.2f}%  top-5 {result['top5']:.2f}%  loss {result['loss']:.4f}")  # fmt: skip
+    tta = f", {args.tta} TTA" if args.tta else ""
+    print(
+        f"{args.model} on {args.data} {args.split} ({result['count']} images{tta}): "
+        f"top-1 {result['top1']:.2f}%  top-5 {result['top5']:.2f}%  loss {result['loss']:.4f}"
+    )
     if len(result["labels"]) <= 20:
         print("confusion matrix (rows: true, columns: predicted):")
         print(format_confusion(result["confusion"], result["labels"]))

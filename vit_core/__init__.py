@@ -42,10 +42,25 @@ def create_model(name: str | ViTConfig, **overrides: Any) -> VisionTransformer:
 
 
 def from_pretrained(
-    path: str | Path, revision: str | None = None, token: str | None = None, **overrides: Any
+    path: str | Path,
+    revision: str | None = None,
+    token: str | None = None,
+    *,
+    max_params: int | None = None,
+    max_activation_bytes: int | None = None,
+    **overrides: Any,
 ) -> VisionTransformer:
     """Load a ViT, strictly, in eval mode, from the first of: a local checkpoint folder (ours, timm's or
     transformers'), a local original JAX ``.npz``, a Hub repo (``owner/name``, at ``revision``; ``token`` or
     ``HF_TOKEN`` for private ones). ``img_size=...`` loads it at another resolution (position embeddings
-    interpolated); other keywords override config fields. See ``vit_core.hub``."""
-    return hub.from_pretrained(path, revision=revision, token=token, **overrides)
+    interpolated); other keywords override config fields. The config and the weight file's tensor shapes
+    are checked, and the model's size held to ``max_params`` / ``max_activation_bytes`` (defaults in
+    ``vit_core.checkpoint``), before anything is allocated. See ``vit_core.hub``."""
+    return hub.from_pretrained(
+        path,
+        revision=revision,
+        token=token,
+        max_params=max_params,
+        max_activation_bytes=max_activation_bytes,
+        **overrides,
+    )

@@ -1,34 +1,53 @@
-"""Checkpoints on disk: ``model.safetensors`` + ``config.json`` in timm's Hub layout. No network.
+"""Checkpoints: ``model.safetensors`` + ``config.json`` in timm's Hub layout, and the one path by which
+any checkpoint (ours, timm's, converted from transformers or JAX) becomes a model. No network.
 
 ``config.json`` is the file timm writes with ``push_to_hf_hub`` and reads with ``local-dir:`` and
 ``hf-hub:``: ``architecture`` (a timm model name), ``num_classes``, ``num_features``, ``global_pool``,
 ``model_args`` (keyword arguments for that architecture), ``label_names`` and ``pretrained_cfg``
-(preprocessing). Fields timm has no argument for (the paper's ``representation_size``, ``norm_eps``) are kept under
-``vit_core`` so our loader round-trips them; timm ignores that key.
+(preprocessing). Fields timm has no argument for (the paper's ``representation_size``, ``norm_eps``, the
+conv stem) are kept under ``vit_core`` so our loader round-trips them; timm ignores that key.
 
-Weights are only ever read from safetensors: no pickle is unpickled here.
+Checkpoints come from strangers (Hub repos, uploaded files), so ``load_model`` checks before it
+allocates: the config's types and ranges (``ViTConfig``), the model's size against ``SizeLimits``
+(parameters, and activation memory at the input size), and every tensor's name and shape as the
+weight file's header declares it, all before a tensor is read or a model built. Weights are only ever
+read from safetensors here: no pickle is unpickled.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import TIMM_MODEL_ARGS, ViTConfig, get_config, list_models
-from .model import VisionTransformer, resample_pos_embed
+from .model import VisionTransformer, activation_bytes, state_shapes
 
 WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+MAX_JSON_BYTES = 16 * 2**20  # configs with ImageNet-21k's 21,843 label names are about 1.2 MB
 # timm model_args that change how inputs are handled, not the weights; ours always handles any size.
 _RUNTIME_ONLY_ARGS = {"dynamic_img_size", "dynamic_img_pad", "strict_img_size"}
-CONFIG_NAME = "config.json"
+
+# Default size limits for loading: ViT-H/14 (632M parameters) and the R50 hybrids at 384 px fit, absurd
+# declarations (embed_dim 16384 and depth 64: 206 billion parameters; ViT-H at 2044 px: 900 GB of
+# attention maps) do not. Raise them per call (max_params=, max_activation_bytes=) or per process
+# (the environment variables) to load bigger models locally.
+MAX_PARAMS = 1_000_000_000
+MAX_ACTIVATION_BYTES = 4 * 2**30
+MAX_PARAMS_ENV = "VIT_CORE_MAX_PARAMS"
+MAX_ACTIVATION_BYTES_ENV = "VIT_CORE_MAX_ACTIVATION_BYTES"
+
+Convert = Callable[[Mapping[str, torch.Tensor]], tuple[ViTConfig, dict[str, torch.Tensor]]]
 
 
 class CheckpointError(ValueError):
@@ -79,48 +98,82 @@ def config_to_dict(cfg: ViTConfig) -> dict[str, Any]:
 
 
 def config_from_dict(d: dict[str, Any], source: str = "config.json") -> ViTConfig:
-    """Read a timm-layout ``config.json`` dict (ours, or one timm wrote) into a ``ViTConfig``."""
+    """Read a timm-layout ``config.json`` dict (ours, or one timm wrote) into a ``ViTConfig``; anything
+    of the wrong type or out of range is a ``CheckpointError`` that names the field."""
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{source}: expected a JSON object")
     arch = d.get("architecture")
     if arch is None:
         raise CheckpointError(f"{source}: no 'architecture' field; is this a timm/vit_core config?")
-    try:
-        base = get_config(arch)
-    except KeyError as e:
-        raise CheckpointError(f"{source}: architecture {arch!r} is not a ViT this library builds ({e})") from None
-    args = {k: v for k, v in (d.get("model_args") or {}).items() if k not in _RUNTIME_ONLY_ARGS}
+    if not isinstance(arch, str) or arch not in list_models():
+        raise CheckpointError(f"{source}: architecture {arch!r} is not a ViT this library builds (see list_models())")
+    base = get_config(arch)
+    model_args, pc, ours = (_section(d, key, source) for key in ("model_args", "pretrained_cfg", "vit_core"))
+    args = {k: v for k, v in model_args.items() if k not in _RUNTIME_ONLY_ARGS}
     unknown = sorted(set(args) - set(TIMM_MODEL_ARGS))
     if unknown:
         raise CheckpointError(f"{source}: unsupported model_args {unknown}")
     for key in ("num_classes", "global_pool"):
-        if key in d and d[key] is not None:
+        if d.get(key) is not None:
             args.setdefault(key, d[key])
-    pc = d.get("pretrained_cfg") or {}
     if "input_size" in pc and "img_size" not in args:
-        args["img_size"] = tuple(pc["input_size"][1:])
-    for key in ("mean", "std", "interpolation", "crop_pct"):
-        if key in pc:
-            args[key] = pc[key]
+        size = pc["input_size"]
+        if not isinstance(size, list) or len(size) != 3:
+            raise CheckpointError(f"{source}: pretrained_cfg.input_size must be [channels, h, w], got {size!r}")
+        args["img_size"] = size[1:]
+    args |= {k: pc[k] for k in ("mean", "std", "interpolation", "crop_pct") if k in pc}
     if "num_classes" not in args and "num_classes" in pc:
         args["num_classes"] = pc["num_classes"]
-    ours = d.get("vit_core") or {}
-    if ours.get("norm_eps"):
-        args["norm_eps"] = float(ours["norm_eps"])
-    if ours.get("representation_size"):
-        args["representation_size"] = ours["representation_size"]
-    if ours.get("stem_channels"):
-        args["stem_channels"], args["stem_strides"] = ours["stem_channels"], ours.get("stem_strides")
+    args |= {k: ours[k] for k in ("norm_eps", "representation_size", "stem_channels", "stem_strides") if ours.get(k)}
     args["name"] = ours.get("name", arch)
     labels = d.get("label_names")
-    if labels and len(labels) == args.get("num_classes", base.num_classes):
-        args["label_names"] = labels
-    else:
-        args["label_names"] = None
-    if isinstance(args.get("img_size"), (list, tuple)) and len(set(args["img_size"])) == 1:
-        args["img_size"] = int(args["img_size"][0])
+    if labels is not None and not isinstance(labels, list):
+        raise CheckpointError(f"{source}: label_names must be a list of strings, got {type(labels).__name__}")
+    # timm writes the label names of the pre-training dataset even when the head was changed: keep them
+    # only when they name this head's classes
+    args["label_names"] = labels if labels and len(labels) == args.get("num_classes", base.num_classes) else None
+    img = args.get("img_size")
+    if isinstance(img, list) and len(img) == 2 and img[0] == img[1] and isinstance(img[0], int):
+        args["img_size"] = img[0]
     try:
         return base.replace(**args)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{source}: {e}") from None
+
+
+def _section(d: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    value = d.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{source}: {key} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    """A JSON object from a checkpoint's folder (``config.json``, ``preprocessor_config.json``)."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise CheckpointError(f"{path}: {path.stat().st_size:,} bytes, too large for a config file")
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.parent}: no {path.name}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: not valid JSON (nested too deeply)") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return d
+
+
+def read_config(directory: str | Path) -> ViTConfig:
+    """The ``ViTConfig`` of a checkpoint folder's ``config.json`` (ours or timm's)."""
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: no {CONFIG_NAME} (expected a folder written by save_pretrained or timm)")
+    return config_from_dict(read_json(path), str(path))
 
 
 # ------------------------------------------------------------------------------------ writing
@@ -163,74 +216,142 @@ def save_pretrained(model: VisionTransformer, directory: str | Path, dtype: torc
 # ------------------------------------------------------------------------------------ reading
 
 
-def read_config(directory: str | Path) -> ViTConfig:
-    path = Path(directory) / CONFIG_NAME
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: no {CONFIG_NAME} (expected a folder written by save_pretrained or timm)")
-    try:
-        d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    return config_from_dict(d, str(path))
-
-
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+def read_header(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in a safetensors file, from its header alone: no tensor is read.
+    (safetensors also checks that the declared tensors exactly cover the file.)"""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path.parent}: no {path.name}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (a handle, not a dict)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file."""
+    path = Path(path)
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
 
-def load_weights(
-    model: VisionTransformer,
-    state: dict[str, torch.Tensor],
-    old_cfg: ViTConfig | None = None,
-    source: str = "checkpoint",
-) -> None:
-    """Load ``state`` strictly into ``model``. Position embeddings are resized to the model's grid
-    (from ``old_cfg``'s grid when given, else a square one); any other missing, unexpected or
-    mis-shaped key is an error that names it."""
-    state = dict(state)
-    pos = state.get("pos_embed")
-    if pos is not None and pos.ndim == 3 and pos.shape[-1] == model.pos_embed.shape[-1]:
-        old_grid = old_cfg.grid_size if old_cfg is not None else None
-        state["pos_embed"] = resample_pos_embed(pos, model.patch_embed.grid_size, old_grid, model.num_prefix_tokens)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    mismatched = [
-        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    if missing or unexpected or mismatched:
-        lines = [f"{source} does not fit the model ({model.config.name or 'custom config'}):"]
-        for what, items in (
-            ("missing keys", missing),
-            ("unexpected keys", unexpected),
-            ("shape mismatches", mismatched),
-        ):
-            if items:
-                more = " ..." if len(items) > 10 else ""
-                lines.append(f"  {what} ({len(items)}): {'; '.join(items[:10])}{more}")
-        raise CheckpointError("\n".join(lines))
-    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+# ------------------------------------------------------------------------------------ size limits
 
 
-def load_pretrained(directory: str | Path, **overrides: Any) -> VisionTransformer:
-    """Build the model a local checkpoint folder describes and load its weights strictly.
+@dataclass(frozen=True)
+class SizeLimits:
+    """The largest model a load may build: parameters (state-dict values) and the activation memory of
+    one image at the model's input size (``vit_core.model.activation_bytes``)."""
 
-    ``overrides`` change the config before building: ``img_size=384`` fine-tunes a 224 checkpoint at
-    384 (position embeddings interpolated); dropout rates and ``drop_path_rate`` for training. Fields
-    that would change weight shapes other than the position embeddings make loading fail clearly.
+    max_params: int
+    max_activation_bytes: int
+
+    @classmethod
+    def resolve(cls, max_params: int | None = None, max_activation_bytes: int | None = None) -> SizeLimits:
+        """The limits in force: the arguments, else ``VIT_CORE_MAX_PARAMS`` / ``VIT_CORE_MAX_ACTIVATION_BYTES``
+        from the environment, else ``MAX_PARAMS`` / ``MAX_ACTIVATION_BYTES``."""
+        return cls(
+            _limit(max_params, MAX_PARAMS_ENV, MAX_PARAMS),
+            _limit(max_activation_bytes, MAX_ACTIVATION_BYTES_ENV, MAX_ACTIVATION_BYTES),
+        )
+
+
+def _limit(value: int | None, env: str, default: int) -> int:
+    if value is not None:
+        return int(value)
+    text = os.environ.get(env)
+    if not text:
+        return default
+    try:
+        return int(float(text))  # "2e9" works as well as "2000000000"
+    except ValueError:
+        raise ValueError(f"{env}={text!r} is not a number") from None
+
+
+def check_size(cfg: ViTConfig, limits: SizeLimits | None = None, source: str = "checkpoint") -> None:
+    """Refuse (``CheckpointError``) a config whose model exceeds ``limits`` (default: ``SizeLimits.resolve()``),
+    from arithmetic on the config alone."""
+    limits = limits or SizeLimits.resolve()
+    params = sum(math.prod(shape) for shape in state_shapes(cfg).values())
+    if params > limits.max_params:
+        raise CheckpointError(
+            f"{source}: the model has {params:,} parameters, more than the limit of {limits.max_params:,} "
+            f"(max_params= or {MAX_PARAMS_ENV} raise it)"
+        )
+    acts = activation_bytes(cfg)
+    if acts > limits.max_activation_bytes:
+        h, w = cfg.img_hw
+        raise CheckpointError(
+            f"{source}: at {h}x{w} px the model needs about {acts / 2**20:,.0f} MiB of activations per image, "
+            f"more than the limit of {limits.max_activation_bytes / 2**20:,.0f} MiB "
+            f"(max_activation_bytes= or {MAX_ACTIVATION_BYTES_ENV} raise it)"
+        )
+
+
+# ------------------------------------------------------------------------------------ loading
+
+
+def load_model(
+    header: Mapping[str, Sequence[int]],
+    read: Callable[[], Mapping[str, torch.Tensor]],
+    convert: Convert,
+    source: str,
+    overrides: Mapping[str, Any] | None = None,
+    limits: SizeLimits | None = None,
+) -> VisionTransformer:
+    """The model a checkpoint holds, strictly loaded, in eval mode: every loader ends here.
+
+    ``header``: the weight file's tensor shapes by name (read without loading). ``read``: its tensors.
+    ``convert``: tensors in the file's layout -> (the config they describe, tensors in ours), run first on
+    shape-only (meta) tensors and only after every check again on the real ones. ``overrides`` change the
+    config before building: ``img_size=384`` loads a 224 checkpoint at 384 (position embeddings
+    interpolated), dropout rates and ``drop_path_rate`` for training; fields that would change other
+    weight shapes make loading fail clearly.
+
+    Order: config (its types and ranges are checked by ``ViTConfig``), size limits, names and shapes;
+    only then are the tensors read and the model built, on the meta device first so that no memory is
+    spent on an initialisation the weights overwrite.
     """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory}: not a folder")
-    cfg = read_config(directory)
-    model = VisionTransformer(cfg.replace(**overrides) if overrides else cfg)
-    load_weights(model, read_weights(directory / WEIGHTS_NAME), old_cfg=cfg, source=str(directory / WEIGHTS_NAME))
+    try:
+        cfg, shapes = convert({k: torch.empty(tuple(s), device="meta") for k, s in header.items()})
+    except CheckpointError:
+        raise
+    except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as e:  # indexing, reshaping a wrong layout
+        raise CheckpointError(f"{source}: tensors not in its format's layout ({type(e).__name__}: {e})") from None
+    target = cfg.replace(**overrides) if overrides else cfg
+    check_size(target, limits, source)
+    expected = state_shapes(target)
+    if "pos_embed" in expected:  # the file holds the checkpoint's own grid; the model resizes it on load
+        expected["pos_embed"] = (1, cfg.num_prefix_tokens + math.prod(cfg.grid_size), cfg.embed_dim)
+    check_shapes({k: tuple(v.shape) for k, v in shapes.items()}, expected, f"{source} does not fit {_name(target)}")
+
+    _, state = convert(read())
+    with torch.device("meta"):
+        model = VisionTransformer(target)
+    dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+    for k in list(state):  # the model's own copy, one tensor at a time (peak: one model plus one tensor), in
+        # its dtype (fp16, bf16 files) and freshly allocated: readers hand out buffers at any alignment, on
+        # which the CPU kernels round differently (logits would not equal the saved model's bit for bit)
+        state[k] = state[k].to(dtypes[k], copy=True)
+    model.load_state_dict(state, assign=True, pos_embed_grid=cfg.grid_size)
     return model.eval()
+
+
+def check_shapes(got: Mapping[str, tuple[int, ...]], expected: Mapping[str, tuple[int, ...]], what: str) -> None:
+    """One ``CheckpointError`` line naming every missing, unexpected and mis-shaped tensor, if any."""
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    mismatched = [f"{k}: checkpoint {got[k]} vs model {v}" for k, v in expected.items() if k in got and got[k] != v]
+    parts = []
+    for kind, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", mismatched)):
+        if items:
+            parts.append(f"{kind} ({len(items)}): {', '.join(items[:10])}{' ...' if len(items) > 10 else ''}")
+    if parts:
+        raise CheckpointError(f"{what}: {'; '.join(parts)}")
+
+
+def _name(cfg: ViTConfig) -> str:
+    return f"the model ({cfg.name})" if cfg.name else "the model its config describes"

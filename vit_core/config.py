@@ -20,15 +20,35 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
 # Fields that timm's VisionTransformer takes under the same name (config.json "model_args").
 TIMM_MODEL_ARGS = (
-    "img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth",
-    "num_heads", "mlp_ratio", "qkv_bias", "class_token", "drop_rate", "pos_drop_rate",
-    "proj_drop_rate", "attn_drop_rate", "drop_path_rate",
-)  # fmt: skip
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "num_classes",
+    "global_pool",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "mlp_ratio",
+    "qkv_bias",
+    "class_token",
+    "drop_rate",
+    "pos_drop_rate",
+    "proj_drop_rate",
+    "attn_drop_rate",
+    "drop_path_rate",
+)
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic")  # the resampling filters vit_core.data applies
+# Bounds on how many layers a config may list: far beyond any published model (ViT-22B has 48 blocks,
+# ResNet-152 36 blocks per stage), and they keep checking a config cheap whatever it declares.
+MAX_DEPTH = 1024
+MAX_STAGE_DEPTH = 64
+MAX_STEM_LAYERS = 16
 
 
 @dataclass(frozen=True)
@@ -37,7 +57,8 @@ class ViTConfig:
 
     The preprocessing fields (mean, std, interpolation, crop_pct) and label names travel with the
     checkpoint in ``config.json`` (timm's ``pretrained_cfg`` layout), so training, evaluation and the
-    app all read them from one place.
+    app all read them from one place. Every field's type and range is checked on creation (a
+    ``ValueError`` naming each problem), because configs also come from untrusted ``config.json`` files.
     """
 
     img_size: int | tuple[int, int] = 224
@@ -76,31 +97,9 @@ class ViTConfig:
     name: str | None = None
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.global_pool not in ("token", "avg"):
-            problems.append(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
-        if self.global_pool == "token" and not self.class_token:
-            problems.append("global_pool='token' needs class_token=True")
-        if self.embed_dim % self.num_heads:
-            problems.append(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        if self.patch_size < 1:
-            problems.append(f"patch_size must be >= 1, got {self.patch_size}")
-        if (self.stem_channels is None) != (self.stem_strides is None) or len(self.stem_channels or ()) != len(
-            self.stem_strides or ()
-        ):
-            problems.append("stem_channels and stem_strides go together, one stride per channel count")
-        elif self.stem_channels is not None and (
-            not self.stem_channels or min(self.stem_channels) < 1 or min(self.stem_strides) < 1
-        ):
-            problems.append(f"stem channels/strides must be >= 1, got {self.stem_channels} / {self.stem_strides}")
-        if self.stem_channels is not None and self.backbone_layers is not None:
-            problems.append("a hybrid has either a ResNet (backbone_layers) or a conv stem (stem_channels), not both")
-        if not self.is_hybrid and any(s % self.patch_size for s in self.img_hw):
-            problems.append(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
-        if len(self.mean) != self.in_chans or len(self.std) != self.in_chans:
-            problems.append(f"mean/std need {self.in_chans} values (in_chans), got {self.mean} / {self.std}")
-        if self.label_names is not None and len(self.label_names) != self.num_classes:
-            problems.append(f"{len(self.label_names)} label_names for num_classes={self.num_classes}")
+        for f in dataclasses.fields(self):  # lists from JSON become tuples, numpy scalars Python numbers
+            object.__setattr__(self, f.name, _normalise(getattr(self, f.name)))
+        problems = _type_problems(self) or _value_problems(self)
         if problems:
             raise ValueError("invalid ViTConfig: " + "; ".join(problems))
 
@@ -160,27 +159,151 @@ class ViTConfig:
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise TypeError(f"unknown ViTConfig field(s): {', '.join(unknown)}")
-        for key in ("mean", "std", "label_names", "backbone_layers", "stem_channels", "stem_strides"):
-            if changes.get(key) is not None:
-                changes[key] = tuple(changes[key])
-        if isinstance(changes.get("img_size"), (list, tuple)):
-            changes["img_size"] = tuple(int(v) for v in changes["img_size"])
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+def _normalise(value: Any) -> Any:
+    if isinstance(value, list):
+        value = tuple(value)
+    if isinstance(value, tuple):
+        return tuple(_normalise(v) for v in value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, (int, float)):
+        return float(value)
+    return value
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _ints(v: Any) -> bool:
+    return isinstance(v, tuple) and all(_is_int(x) for x in v)
+
+
+def _strings(v: Any) -> bool:
+    return isinstance(v, tuple) and all(isinstance(x, str) for x in v)
+
+
+def _type_problems(c: ViTConfig) -> list[str]:
+    """Fields of the wrong type: checked first, since the value checks do arithmetic on them."""
+    integer, number, flag, text = "an integer", "a finite number", "true or false", "a string"
+    checks = {  # field -> (right type?, what it should be)
+        "img_size": (_is_int(c.img_size) or (_ints(c.img_size) and len(c.img_size) == 2), "an integer or [h, w]"),
+        "patch_size": (_is_int(c.patch_size), integer),
+        "in_chans": (_is_int(c.in_chans), integer),
+        "num_classes": (_is_int(c.num_classes), integer),
+        "global_pool": (isinstance(c.global_pool, str), text),
+        "embed_dim": (_is_int(c.embed_dim), integer),
+        "depth": (_is_int(c.depth), integer),
+        "num_heads": (_is_int(c.num_heads), integer),
+        "mlp_ratio": (_is_real(c.mlp_ratio), number),
+        "qkv_bias": (isinstance(c.qkv_bias, bool), flag),
+        "norm_eps": (_is_real(c.norm_eps), number),
+        "class_token": (isinstance(c.class_token, bool), flag),
+        "representation_size": (c.representation_size is None or _is_int(c.representation_size), "an integer or null"),
+        "backbone_layers": (c.backbone_layers is None or _ints(c.backbone_layers), "a list of integers or null"),
+        "stem_channels": (c.stem_channels is None or _ints(c.stem_channels), "a list of integers or null"),
+        "stem_strides": (c.stem_strides is None or _ints(c.stem_strides), "a list of integers or null"),
+        "mean": (isinstance(c.mean, tuple) and all(_is_real(v) for v in c.mean), "a list of numbers"),
+        "std": (isinstance(c.std, tuple) and all(_is_real(v) for v in c.std), "a list of numbers"),
+        "interpolation": (isinstance(c.interpolation, str), text),
+        "crop_pct": (_is_real(c.crop_pct), number),
+        "label_names": (c.label_names is None or _strings(c.label_names), "a list of strings or null"),
+        "name": (c.name is None or isinstance(c.name, str), "a string or null"),
+    }
+    checks |= {k: (_is_real(getattr(c, k)), number) for k in _DROP_RATES}
+    return [f"{k} must be {what}, got {_short(getattr(c, k))}" for k, (ok, what) in checks.items() if not ok]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_DROP_RATES = ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate")
+
+
+def _value_problems(c: ViTConfig) -> list[str]:
+    """Values out of range, and fields that contradict each other (all of the right type)."""
+    p = []
+    for key, low in (("patch_size", 1), ("in_chans", 1), ("num_classes", 0), ("embed_dim", 1), ("num_heads", 1)):
+        if getattr(c, key) < low:
+            p.append(f"{key} must be >= {low}, got {getattr(c, key)}")
+    if not 1 <= c.depth <= MAX_DEPTH:
+        p.append(f"depth must be in 1..{MAX_DEPTH}, got {c.depth}")
+    if min(c.img_hw) < 1:
+        p.append(f"img_size must be >= 1, got {c.img_size}")
+    if c.representation_size is not None and c.representation_size < 1:
+        p.append(f"representation_size must be >= 1 or None, got {c.representation_size}")
+    if c.mlp_ratio <= 0 or (c.embed_dim >= 1 and int(c.embed_dim * c.mlp_ratio) < 1):
+        p.append(f"mlp_ratio must give an MLP of at least 1 unit, got {c.mlp_ratio}")
+    if c.norm_eps <= 0:
+        p.append(f"norm_eps must be > 0, got {c.norm_eps}")
+    p += [f"{k} must be in [0, 1), got {getattr(c, k)}" for k in _DROP_RATES if not 0 <= getattr(c, k) < 1]
+    if not 0 < c.crop_pct <= 1:
+        p.append(f"crop_pct must be in (0, 1], got {c.crop_pct}")
+    if c.global_pool not in ("token", "avg"):
+        p.append(f"global_pool must be 'token' or 'avg', got {c.global_pool!r}")
+    elif c.global_pool == "token" and not c.class_token:
+        p.append("global_pool='token' needs class_token=True")
+    if c.embed_dim >= 1 and c.num_heads >= 1 and c.embed_dim % c.num_heads:
+        p.append(f"embed_dim {c.embed_dim} is not divisible by num_heads {c.num_heads}")
+    if c.interpolation not in INTERPOLATIONS:
+        p.append(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got {c.interpolation!r}")
+    if len(c.mean) != c.in_chans or len(c.std) != c.in_chans:
+        p.append(f"mean/std need {c.in_chans} values (in_chans), got {c.mean} / {c.std}")
+    if any(s <= 0 for s in c.std):
+        p.append(f"std must be > 0, got {c.std}")
+    if c.label_names is not None and len(c.label_names) != c.num_classes:
+        p.append(f"{len(c.label_names)} label_names for num_classes={c.num_classes}")
+    p += _stem_problems(c)
+    if not p and not c.is_hybrid and any(s % c.patch_size for s in c.img_hw):
+        p.append(f"img_size {c.img_size} is not a multiple of patch_size {c.patch_size}")
+    return p
+
+
+def _stem_problems(c: ViTConfig) -> list[str]:
+    if c.backbone_layers is not None:
+        if c.stem_channels is not None:
+            return ["a hybrid has either a ResNet (backbone_layers) or a conv stem (stem_channels), not both"]
+        layers = c.backbone_layers
+        if not 1 <= len(layers) <= 4 or not all(1 <= n <= MAX_STAGE_DEPTH for n in layers):
+            return [f"backbone_layers must be 1 to 4 stage depths in 1..{MAX_STAGE_DEPTH}, got {layers}"]
+        if c.patch_size != 1:  # timm's hybrids fix it, and config.json does not store it for them
+            return [f"a ResNet hybrid takes 1x1 patches of the feature map (patch_size=1), got {c.patch_size}"]
+        return []
+    if c.stem_channels is None and c.stem_strides is None:
+        return []
+    channels, strides = c.stem_channels or (), c.stem_strides or ()
+    if len(channels) != len(strides):
+        return ["stem_channels and stem_strides go together, one stride per channel count"]
+    if not 1 <= len(channels) <= MAX_STEM_LAYERS or min(channels) < 1 or min(strides) < 1:
+        return [f"a conv stem needs 1..{MAX_STEM_LAYERS} layers, channels and strides >= 1, got {channels} / {strides}"]
+    cells = [-(-s // math.prod(strides)) for s in c.img_hw]  # each stride-s conv (padding 1) gives ceil(side / s)
+    if c.patch_size >= 1 and any(n % c.patch_size for n in cells):
+        return [f"the conv stem's {cells[0]}x{cells[1]} feature map is not a multiple of patch_size {c.patch_size}"]
+    return []
+
+
 # --------------------------------------------------------------------------------------------
 # Registry. Keys are timm's model names; every entry is checked against timm in the tests.
 # --------------------------------------------------------------------------------------------
 
-_WIDTHS = {  # embed_dim, depth, num_heads
-    "tiny": (192, 12, 3),
-    "small": (384, 12, 6),
-    "base": (768, 12, 12),
-    "large": (1024, 24, 16),
-    "huge": (1280, 32, 16),
+SIZES = {  # the paper's sizes: name -> (abbreviation, embed_dim, depth, num_heads)
+    "tiny": ("Ti", 192, 12, 3),
+    "small": ("S", 384, 12, 6),
+    "base": ("B", 768, 12, 12),
+    "large": ("L", 1024, 24, 16),
+    "huge": ("H", 1280, 32, 16),
 }
 
 # (size, patch, resolutions) that timm defines as plain ViTs.
@@ -206,25 +329,43 @@ _HYBRID = {
     "vit_large_r50_s32_384": ("large", (3, 4, 6, 3), 384),
 }
 
+# timm builds a name as its default pretrained weights need. These default to backbones without a
+# classifier (ImageNet-21k pre-training, DINO), so the name alone gives a headless model...
+_HEADLESS = {"vit_base_r50_s16_224", "vit_huge_patch14_224", "vit_large_patch32_224", "vit_small_patch8_224"}
+# ...and DINO's weights expect ImageNet's mean and std instead of the 0.5s of the others.
+_IMAGENET_NORM = {"vit_small_patch8_224": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+
 _REGISTRY: dict[str, ViTConfig] = {}
 
 
-def _register(name: str, **kwargs: Any) -> None:
-    size = kwargs.pop("size")
-    embed_dim, depth, num_heads = _WIDTHS[size]
-    img = kwargs["img_size"]
-    # timm: crop_pct 0.9 at 224, full image (1.0) at fine-tuning resolutions.
-    crop_pct = 0.9 if img == 224 else 1.0
+def _register(name: str, size: str, img_size: int, **kwargs: Any) -> None:
+    _, embed_dim, depth, num_heads = SIZES[size]
+    mean, std = _IMAGENET_NORM.get(name, ((0.5,) * 3, (0.5,) * 3))
     _REGISTRY[name] = ViTConfig(
-        embed_dim=embed_dim, depth=depth, num_heads=num_heads, crop_pct=crop_pct, name=name, **kwargs
+        img_size=img_size,
+        embed_dim=embed_dim,
+        depth=depth,
+        num_heads=num_heads,
+        num_classes=0 if name in _HEADLESS else 1000,
+        mean=mean,
+        std=std,
+        crop_pct=0.9 if img_size == 224 else 1.0,  # timm: full image (1.0) at fine-tuning resolutions
+        name=name,
+        **kwargs,
     )
 
 
 for _size, _patch, _resolutions in _PLAIN:
     for _img in _resolutions:
-        _register(f"vit_{_size}_patch{_patch}_{_img}", size=_size, patch_size=_patch, img_size=_img)
+        _register(f"vit_{_size}_patch{_patch}_{_img}", _size, _img, patch_size=_patch)
 for _name, (_size, _layers, _img) in _HYBRID.items():
-    _register(_name, size=_size, patch_size=1, img_size=_img, backbone_layers=_layers)
+    _register(_name, _size, _img, patch_size=1, backbone_layers=_layers)
+
+
+def size_name(cfg: ViTConfig) -> str | None:
+    """The paper's size letter ('Ti', 'S', 'B', 'L', 'H') of ``cfg``'s transformer, or None for other shapes."""
+    shape = (cfg.embed_dim, cfg.depth, cfg.num_heads)
+    return next((abbr for abbr, *dims in SIZES.values() if tuple(dims) == shape), None)
 
 
 def list_models() -> list[str]:

@@ -69,16 +69,19 @@ def overlay(
     return Image.fromarray(np.round(out * 255.0).astype(np.uint8))
 
 
-def embedding_filters_figure(filters: torch.Tensor | np.ndarray, columns: int = 7) -> Image.Image:
+def embedding_filters_figure(
+    filters: torch.Tensor | np.ndarray, columns: int = 7, title: str | None = None
+) -> Image.Image:
     """Paper fig. 7 left: the principal components of the patch embedding (``explain.embedding_filters``),
-    each scaled to [0, 1] on its own and shown as an RGB (or grey) patch."""
+    each scaled to [0, 1] on its own and shown as an RGB (or grey) patch. Any (n, C, k, k) filters draw the
+    same way (``title`` says what they are), e.g. a hybrid's first convolution."""
     f = _numpy(filters)
     if f.ndim != 4:
         raise ValueError(f"filters must be (n, C, P, P), got shape {f.shape}")
     n, c = f.shape[:2]
     rows = -(-n // columns)
     fig = Figure(figsize=(columns * 0.8, rows * 0.8 + 0.6), dpi=100, layout="constrained")
-    fig.suptitle(f"RGB embedding filters\n(first {n} principal components)", fontsize=9)
+    fig.suptitle(title or f"RGB embedding filters\n(first {n} principal components)", fontsize=9)
     for i in range(n):
         ax = fig.add_subplot(rows, columns, i + 1)
         x = f[i].transpose(1, 2, 0)
@@ -132,4 +135,52 @@ def attention_distance_figure(distances: torch.Tensor | np.ndarray, title: str |
         ax.set_title(title)
     if heads <= 16:
         ax.legend(fontsize=6, ncol=2, loc="lower right")
+    return _render(fig)
+
+
+def training_curves_figure(history: Sequence[dict]) -> Image.Image:
+    """A run's loss, accuracy and learning rate per epoch (the rows of ``metrics.jsonl``), side by side."""
+    epochs = [row["epoch"] for row in history]
+    fig = Figure(figsize=(12, 3.6), dpi=100, layout="constrained")
+    ax_loss, ax_acc, ax_lr = fig.subplots(1, 3)
+    panels = (
+        (ax_loss, "loss", ("train_loss", "test_loss")),
+        (ax_acc, "accuracy (%)", ("train_top1", "test_top1", "ema_test_top1", "train_acc", "test_acc")),
+        (ax_lr, "learning rate", ("lr",)),
+    )
+    for ax, title, keys in panels:
+        for key in keys:
+            ys = [row.get(key) for row in history]
+            if any(y is not None for y in ys):
+                ax.plot(epochs, [np.nan if y is None else y for y in ys], marker=".", label=key)
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        if ax is not ax_lr:
+            ax.legend()
+    return _render(fig)
+
+
+def confusion_figure(confusion: torch.Tensor | np.ndarray, labels: Sequence[str], title: str = "") -> Image.Image:
+    """A confusion matrix (rows: true class, columns: predicted): colours are each row's fractions, and the
+    counts are written in the cells when there are at most 20 classes."""
+    cm = _numpy(confusion).astype(np.float64)
+    k = len(labels)
+    frac = cm / np.maximum(cm.sum(1, keepdims=True), 1)
+    size = min(3 + 0.45 * k, 24)
+    fig = Figure(figsize=(size * 1.15, size), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    im = ax.imshow(frac, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(im, ax=ax, fraction=0.046, label="fraction of the true class")
+    if k <= 50:
+        ax.set_xticks(range(k), labels, rotation=60, ha="right", fontsize=8)
+        ax.set_yticks(range(k), labels, fontsize=8)
+    if k <= 20:
+        for i in range(k):
+            for j in range(k):
+                color = "white" if frac[i, j] > 0.5 else "black"
+                ax.text(j, i, int(cm[i, j]), ha="center", va="center", fontsize=7, color=color)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
     return _render(fig)

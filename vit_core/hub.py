@@ -11,7 +11,10 @@
 
 Weights are read from safetensors or npz. A repo that only has a pickled ``pytorch_model.bin`` is read
 with ``torch.load(weights_only=True)``, which rebuilds tensors and plain containers and nothing else;
-a pickle that needs more (arbitrary objects, i.e. arbitrary code) is refused.
+a pickle that needs more (arbitrary objects, i.e. arbitrary code) is refused. Before the weights are
+downloaded, ``config.json`` is validated and the model it declares held to the size limits
+(``max_params``, ``max_activation_bytes``); before they are read, the file's header is checked against it
+(``vit_core.checkpoint.load_model``, the one path every loader ends in).
 
 Downloads go through huggingface_hub and its cache (``HF_HOME`` / ``HF_HUB_CACHE``), so the standard
 variables apply: ``HF_HUB_OFFLINE=1`` loads cached repos without any network call, ``HF_ENDPOINT`` points
@@ -21,9 +24,11 @@ huggingface_hub and nowhere else: never printed, logged or written to disk by th
 
 from __future__ import annotations
 
+import math
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -38,18 +43,23 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from safetensors import SafetensorError, safe_open
 
 from .checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     CheckpointError,
+    SizeLimits,
+    check_size,
     config_from_dict,
+    load_model,
     read_config,
+    read_header,
+    read_json,
     read_weights,
     save_pretrained,
 )
-from .convert import PREPROCESSOR_NAME, build, check_transformers_config, convert_transformers, load_npz, read_json
+from .config import ViTConfig
+from .convert import PREPROCESSOR_NAME, convert_transformers, load_npz, transformers_config
 from .model import VisionTransformer
 from .model_card import METRICS_NAME, read_metrics, read_recipe, render_model_card
 
@@ -69,35 +79,44 @@ class HubError(CheckpointError):
 
 
 def from_pretrained(
-    name_or_path: str | Path, revision: str | None = None, token: str | None = None, **overrides: Any
+    name_or_path: str | Path,
+    revision: str | None = None,
+    token: str | None = None,
+    *,
+    max_params: int | None = None,
+    max_activation_bytes: int | None = None,
+    **overrides: Any,
 ) -> VisionTransformer:
     """Load a ViT from a local folder or file, or from the Hub (see the module docstring for the order).
 
     ``revision``: branch, tag or commit of a Hub repo. ``token``: for private or gated repos (default:
-    ``HF_TOKEN`` or the stored login). ``overrides`` change the config before the weights load, e.g.
-    ``img_size=384`` (position embeddings interpolated) or ``drop_path_rate=0.1`` for fine-tuning.
+    ``HF_TOKEN`` or the stored login). ``max_params``, ``max_activation_bytes``: the largest model to
+    build (default: ``vit_core.checkpoint.SizeLimits.resolve()``), checked before any weights are read.
+    ``overrides`` change the config before the weights load, e.g. ``img_size=384`` (position embeddings
+    interpolated) or ``drop_path_rate=0.1`` for fine-tuning.
     """
+    limits = SizeLimits.resolve(max_params, max_activation_bytes)
     path = Path(name_or_path).expanduser()
     if path.exists():
-        return _load_local(path, overrides)
+        return _load_local(path, overrides, limits)
     m = _REPO.fullmatch(str(name_or_path))
     if m is None:
         raise CheckpointError(f"{name_or_path}: no such file or folder, and not a Hub repo id ('owner/name')")
     repo_id, filename = m["repo"], (m["file"] or "").strip("/") or None
-    return _load_hub(repo_id, filename, revision or m["rev"], token, overrides)
+    return _load_hub(repo_id, filename, revision or m["rev"], token, overrides, limits)
 
 
-def _load_local(path: Path, overrides: dict[str, Any]) -> VisionTransformer:
+def _load_local(path: Path, overrides: dict[str, Any], limits: SizeLimits) -> VisionTransformer:
     if path.is_file():
         if path.suffix == ".npz":
-            return load_npz(path, **overrides)
+            return load_npz(path, limits=limits, **overrides)
         raise CheckpointError(
             f"{path}: give the folder holding config.json and the weights, or an original JAX .npz file"
         )
     if not (path / CONFIG_NAME).is_file():
         npz = sorted(path.glob("*.npz"))
         if len(npz) == 1:
-            return load_npz(npz[0], **overrides)
+            return load_npz(npz[0], limits=limits, **overrides)
         raise CheckpointError(
             f"{path}: no {CONFIG_NAME} (expected a folder written by save_pretrained, timm or transformers)"
         )
@@ -109,36 +128,48 @@ def _load_local(path: Path, overrides: dict[str, Any]) -> VisionTransformer:
             return None
         raise CheckpointError(f"{path}: no {filename}")
 
-    return _load_folder(read_json(path / CONFIG_NAME), fetch, str(path), overrides)
+    return _load_folder(read_json(path / CONFIG_NAME), fetch, str(path), overrides, limits)
 
 
-def _load_folder(d: dict[str, Any], fetch: Fetch, source: str, overrides: dict[str, Any]) -> VisionTransformer:
+def _load_folder(
+    d: dict[str, Any], fetch: Fetch, source: str, overrides: dict[str, Any], limits: SizeLimits
+) -> VisionTransformer:
     """A checkpoint given its config.json dict ``d`` and a way to fetch its other files.
 
-    The config is checked before any weights are fetched, so a repo of another kind fails fast."""
+    The config is checked (types, ranges, size limits) before any weights are fetched, so a repo of
+    another kind, or declaring a model too big to build, fails fast."""
+    config = f"{source}/{CONFIG_NAME}"
     if "architecture" in d:  # ours or timm's
-        cfg = config_from_dict(d, f"{source}/{CONFIG_NAME}")
-        state, where = _weights(fetch, source)
-        return build(cfg, state, where, **overrides)
+        cfg = config_from_dict(d, config)
+        check_size(cfg.replace(**overrides) if overrides else cfg, limits, config)
+        header, read, where = _weights(fetch, source)
+        return load_model(header, read, lambda state: (cfg, dict(state)), where, overrides, limits)
     if "model_type" in d:  # transformers
-        check_transformers_config(d, f"{source}/{CONFIG_NAME}")
+        declared = transformers_config(d, source=config)
+        check_size(declared.replace(**overrides) if overrides else declared, limits, config)
         pre = fetch(PREPROCESSOR_NAME, optional=True)
-        state, where = _weights(fetch, source)
-        cfg, state = convert_transformers(d, state, read_json(pre) if pre else None, source)
-        return build(cfg, state, where, **overrides)
+        preprocessor = read_json(pre) if pre else None
+        header, read, where = _weights(fetch, source)
+
+        def convert(state: Mapping[str, torch.Tensor]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+            return convert_transformers(d, state, preprocessor, where)
+
+        return load_model(header, read, convert, where, overrides, limits)
     raise CheckpointError(
         f"{source}/{CONFIG_NAME}: neither 'architecture' (timm, vit_core) nor 'model_type' (transformers); "
         "not a checkpoint this library reads"
     )
 
 
-def _weights(fetch: Fetch, source: str) -> tuple[dict[str, torch.Tensor], str]:
+def _weights(fetch: Fetch, source: str) -> tuple[dict[str, tuple[int, ...]], Callable[[], Mapping[str, Any]], str]:
+    """(tensor shapes by name, a function reading the tensors, the file's name) of a checkpoint's weights."""
     path = fetch(WEIGHTS_NAME, optional=True)
     if path is not None:
-        return read_weights(path), f"{source}/{WEIGHTS_NAME}"
+        return read_header(path), lambda: read_weights(path), f"{source}/{WEIGHTS_NAME}"
     path = fetch(PICKLED_WEIGHTS_NAME, optional=True)
     if path is not None:
-        return read_pickled_weights(path), f"{source}/{PICKLED_WEIGHTS_NAME}"
+        state = read_pickled_weights(path)  # memory-mapped: shapes known, data not yet read
+        return {k: tuple(v.shape) for k, v in state.items()}, lambda: state, f"{source}/{PICKLED_WEIGHTS_NAME}"
     raise CheckpointError(f"{source}: no {WEIGHTS_NAME} (nor {PICKLED_WEIGHTS_NAME})")
 
 
@@ -149,7 +180,8 @@ def read_pickled_weights(path: str | Path) -> dict[str, torch.Tensor]:
     accepted; timm-style ``{'state_dict': ...}`` / ``{'model': ...}`` wrappers are unwrapped.
     """
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        # memory-mapped (zip format, every file torch >= 1.6 writes): only the tensors used are ever read
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception as e:  # UnpicklingError, RuntimeError, EOFError...: all mean "not plain weights"
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
@@ -166,21 +198,26 @@ def read_pickled_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _load_hub(
-    repo_id: str, filename: str | None, revision: str | None, token: str | None, overrides: dict[str, Any]
+    repo_id: str,
+    filename: str | None,
+    revision: str | None,
+    token: str | None,
+    overrides: dict[str, Any],
+    limits: SizeLimits,
 ) -> VisionTransformer:
     source = repo_id + (f"@{revision}" if revision else "")
     fetch = _hub_fetcher(repo_id, revision, token)
     if filename is not None:
         if not filename.endswith(".npz"):
             raise CheckpointError(f"{source}: only .npz files load by name; for a checkpoint give the repo id alone")
-        return load_npz(fetch(filename), **overrides)
+        return load_npz(fetch(filename), limits=limits, **overrides)
     config = fetch(CONFIG_NAME, optional=True)
     if config is not None:
-        return _load_folder(read_json(config), fetch, source, overrides)
+        return _load_folder(read_json(config), fetch, source, overrides, limits)
     files = _list_files(repo_id, revision, token)
     npz = [f for f in files if f.endswith(".npz")]
     if len(npz) == 1:
-        return load_npz(fetch(npz[0]), **overrides)
+        return load_npz(fetch(npz[0]), limits=limits, **overrides)
     if npz:
         raise HubError(f"{source}: no {CONFIG_NAME} and several .npz files; name one: '{repo_id}/{npz[0]}'")
     raise HubError(f"{source}: no {CONFIG_NAME} and no .npz file (files: {', '.join(files[:10]) or 'none'})")
@@ -301,18 +338,7 @@ def prepare_upload(
 
 def _count_params(path: Path) -> int:
     """Number of weights in a safetensors file, read from its header without loading the tensors."""
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return sum(_prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118 (a safe_open handle, not a dict)
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
-
-
-def _prod(shape: list[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+    return sum(math.prod(shape) for shape in read_header(path).values())
 
 
 def push_to_hub(

@@ -119,7 +119,7 @@ class ResNetV2Stem(nn.Module):
     def __init__(self, layers: tuple[int, ...], in_chans: int = 3) -> None:
         super().__init__()
         self.stem = Stem(in_chans)
-        chans = [256 * 2**i for i in range(len(layers))]
+        chans = _stage_channels(layers)
         self.stages = nn.Sequential(
             *(Stage(64 if i == 0 else chans[i - 1], chans[i], d, 1 if i == 0 else 2) for i, d in enumerate(layers))
         )
@@ -127,6 +127,37 @@ class ResNetV2Stem(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.stages(self.stem(x))
+
+    @staticmethod
+    def state_shapes(layers: tuple[int, ...], in_chans: int = 3) -> dict[str, tuple[int, ...]]:
+        """The shape of every state-dict entry, from the arguments alone (nothing is built)."""
+        s = {"stem.conv.weight": (64, in_chans, 7, 7), "stem.norm.weight": (64,), "stem.norm.bias": (64,)}
+        in_chs = 64
+        for i, (depth, out) in enumerate(zip(layers, _stage_channels(layers), strict=True)):
+            mid = out // 4
+            for j in range(depth):
+                b = f"stages.{i}.blocks.{j}."
+                if j == 0:
+                    s |= {b + "downsample.conv.weight": (out, in_chs, 1, 1)} | _norm(b + "downsample.norm", out)
+                s[b + "conv1.weight"] = (mid, in_chs if j == 0 else out, 1, 1)
+                s[b + "conv2.weight"] = (mid, mid, 3, 3)
+                s[b + "conv3.weight"] = (out, mid, 1, 1)
+                s |= _norm(b + "norm1", mid) | _norm(b + "norm2", mid) | _norm(b + "norm3", out)
+            in_chs = out
+        return s
+
+    @staticmethod
+    def feature_maps(layers: tuple[int, ...]) -> list[tuple[int, int]]:
+        """(channels, stride) of the stem convolution's output and of each stage's."""
+        return [(64, 2), *((c, 4 * 2**i) for i, c in enumerate(_stage_channels(layers)))]
+
+
+def _stage_channels(layers: tuple[int, ...]) -> list[int]:
+    return [256 * 2**i for i in range(len(layers))]
+
+
+def _norm(name: str, channels: int) -> dict[str, tuple[int, ...]]:
+    return {f"{name}.weight": (channels,), f"{name}.bias": (channels,)}
 
 
 class ConvNormAct(nn.Module):
@@ -158,3 +189,20 @@ class ConvStem(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
+
+    @staticmethod
+    def state_shapes(channels: tuple[int, ...], in_chans: int = 3) -> dict[str, tuple[int, ...]]:
+        """The shape of every state-dict entry (BatchNorm's running statistics included), from the
+        arguments alone (nothing is built)."""
+        s: dict[str, tuple[int, ...]] = {}
+        for i, (c_in, c_out) in enumerate(zip((in_chans, *channels[:-1]), channels, strict=True)):
+            n = f"layers.{i}.norm."
+            s[f"layers.{i}.conv.weight"] = (c_out, c_in, 3, 3)
+            s |= {n + k: (c_out,) for k in ("weight", "bias", "running_mean", "running_var")}
+            s[n + "num_batches_tracked"] = ()
+        return s
+
+    @staticmethod
+    def feature_maps(channels: tuple[int, ...], strides: tuple[int, ...]) -> list[tuple[int, int]]:
+        """(channels, stride) of each layer's output."""
+        return [(c, math.prod(strides[: i + 1])) for i, c in enumerate(channels)]

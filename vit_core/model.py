@@ -14,6 +14,7 @@ between the two libraries unchanged.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +202,8 @@ class VisionTransformer(nn.Module):
         self.num_features = cfg.representation_size or D
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.grad_checkpointing = False
-        self.init_weights()
+        if self.pos_embed.device.type != "meta":  # a meta model holds shapes only, for loading into
+            self.init_weights()
 
     # ----------------------------------------------------------------------------------- forward
 
@@ -214,7 +216,13 @@ class VisionTransformer(nn.Module):
         to the input's grid on the fly. With average pooling (timm's ``fc_norm`` layout) the final norm
         comes after pooling, so these tokens are the last block's output.
         """
-        grid = self.patch_embed(x)  # (B, h, w, D)
+        x, attentions = self.forward_blocks(self._pos_embed(self.patch_embed(x)), return_attention)
+        x = self.norm(x)
+        return (x, attentions) if return_attention else x
+
+    def _pos_embed(self, grid: torch.Tensor) -> torch.Tensor:
+        """Eq. 1: a (B, h, w, D) grid of patch embeddings -> (B, T, D) tokens, with the class token in front
+        and the position embeddings (resized to h x w) added, then dropout."""
         B, h, w, D = grid.shape
         pos_embed = self.pos_embed
         if (h, w) != self.patch_embed.grid_size:
@@ -222,7 +230,13 @@ class VisionTransformer(nn.Module):
         x = grid.reshape(B, h * w, D)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)
-        x = self.pos_drop(x + pos_embed)  # eq. 1
+        return self.pos_drop(x + pos_embed)
+
+    def forward_blocks(
+        self, x: torch.Tensor, return_attention: bool = False
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """Eq. 2-3 for every layer: tokens (B, T, D) -> (the last block's tokens, each block's attention
+        probabilities, or Nones without ``return_attention``)."""
         attentions = []
         for block in self.blocks:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
@@ -231,8 +245,7 @@ class VisionTransformer(nn.Module):
             else:
                 x, attn = block(x, return_attention)
             attentions.append(attn)
-        x = self.norm(x)
-        return (x, attentions) if return_attention else x
+        return x, attentions
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens -> logits: pool (class token, eq. 4, or mean of patch tokens), then classify."""
@@ -262,6 +275,11 @@ class VisionTransformer(nn.Module):
     @property
     def label_names(self) -> list[str] | None:
         return list(self.config.label_names) if self.config.label_names else None
+
+    @property
+    def class_names(self) -> list[str]:
+        """A name for every output: the label names, or "0".."N-1" when the checkpoint has none."""
+        return self.label_names or [str(i) for i in range(self.config.num_classes)]
 
     def reset_classifier(self, num_classes: int, label_names: list[str] | None = None) -> None:
         """Replace the head with a zero-initialised one for ``num_classes`` classes.
@@ -321,23 +339,34 @@ class VisionTransformer(nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
 
-    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True, assign: bool = False):
+    def load_state_dict(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        strict: bool = True,
+        assign: bool = False,
+        pos_embed_grid: tuple[int, int] | None = None,
+    ) -> Any:
         """``nn.Module.load_state_dict`` that first resizes ``pos_embed`` to this model's grid, so a
-        224 checkpoint loads into a 384 model (paper section 3.2)."""
+        224 checkpoint loads into a 384 model (paper section 3.2). ``pos_embed_grid``: the checkpoint's
+        token grid (rows, cols), needed when it is not square. Every loader resizes through here."""
         pos = state_dict.get("pos_embed")
-        if pos is not None and pos.shape != self.pos_embed.shape and pos.shape[-1] == self.pos_embed.shape[-1]:
-            state_dict = dict(state_dict)
-            state_dict["pos_embed"] = resample_pos_embed(pos, self.patch_embed.grid_size, None, self.num_prefix_tokens)
+        D = self.pos_embed.shape[-1]
+        if pos is not None and pos.shape[-1] == D and (pos.shape != self.pos_embed.shape or pos_embed_grid):
+            new = resample_pos_embed(pos, self.patch_embed.grid_size, pos_embed_grid, self.num_prefix_tokens)
+            state_dict = {**state_dict, "pos_embed": new}
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """Write ``model.safetensors`` and ``config.json`` (timm's Hub layout) into ``directory``."""
+    # The free functions live with the code that reads checkpoints and talks to the Hub, which both build
+    # models from this module: imported when called, so that this module imports neither.
+
+    def save_pretrained(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
+        """Write ``model.safetensors`` and ``config.json`` (timm's Hub layout): ``vit_core.save_pretrained``."""
         from .checkpoint import save_pretrained
 
-        return save_pretrained(self, directory)
+        return save_pretrained(self, directory, dtype)
 
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
-        """Upload weights, ``config.json`` and a model card to the Hugging Face Hub (see ``vit_core.hub``)."""
+        """Upload weights, ``config.json`` and a model card to the Hugging Face Hub: ``vit_core.push_to_hub``."""
         from .hub import push_to_hub
 
         return push_to_hub(self, repo_id, **kwargs)
@@ -350,10 +379,13 @@ class VisionTransformer(nn.Module):
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """Parameter groups by depth, for layer-wise lr decay (timm's ``param_groups_layer_decay``):
-        embeddings are layer 0, block i is layer i + 1, the final norm and head come last."""
+        embeddings are layer 0, block i is layer i + 1 with the final norm joining the last block, and the
+        head comes last. ``coarse`` (timm's convention: the bare stage regex) groups by block alone, which
+        leaves the final norm with the head."""
+        blocks = r"^blocks\.(\d+)"
         return {
             "stem": r"^cls_token|^pos_embed|^patch_embed",
-            "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+            "blocks": blocks if coarse else [(blocks, None), (r"^norm", (99999,))],
         }
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -362,6 +394,67 @@ class VisionTransformer(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def state_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every entry of ``VisionTransformer(cfg).state_dict()``, from the config alone.
+
+    What loaders check a checkpoint's tensors (read from the file's header) against, and count its size
+    with, before anything is built; the tests hold it equal to the real model's for every layout."""
+    D, hidden, P = cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio), cfg.patch_size
+    s: dict[str, tuple[int, ...]] = {}
+    if cfg.class_token:
+        s["cls_token"] = (1, 1, D)
+    s["pos_embed"] = (1, cfg.num_prefix_tokens + math.prod(cfg.grid_size), D)
+    stem = {}
+    if cfg.backbone_layers:
+        stem = ResNetV2Stem.state_shapes(cfg.backbone_layers, cfg.in_chans)
+    elif cfg.stem_channels:
+        stem = ConvStem.state_shapes(cfg.stem_channels, cfg.in_chans)
+    maps = _cnn_feature_maps(cfg)
+    in_dim = maps[-1][0] if maps else cfg.in_chans
+    s |= {f"patch_embed.backbone.{k}": v for k, v in stem.items()}
+    s |= {"patch_embed.proj.weight": (D, in_dim, P, P), "patch_embed.proj.bias": (D,)}
+    for i in range(cfg.depth):
+        layers = {"attn.qkv": (3 * D, D), "attn.proj": (D, D), "mlp.fc1": (hidden, D), "mlp.fc2": (D, hidden)}
+        for name, shape in layers.items():
+            s[f"blocks.{i}.{name}.weight"] = shape
+            if name != "attn.qkv" or cfg.qkv_bias:
+                s[f"blocks.{i}.{name}.bias"] = shape[:1]
+        s |= {f"blocks.{i}.{n}.{p}": (D,) for n in ("norm1", "norm2") for p in ("weight", "bias")}
+    final_norm = "fc_norm" if cfg.global_pool == "avg" else "norm"
+    s |= {f"{final_norm}.weight": (D,), f"{final_norm}.bias": (D,)}
+    features = cfg.representation_size or D
+    if cfg.representation_size:
+        s |= {"pre_logits.fc.weight": (features, D), "pre_logits.fc.bias": (features,)}
+    if cfg.num_classes:
+        s |= {"head.weight": (cfg.num_classes, features), "head.bias": (cfg.num_classes,)}
+    return s
+
+
+def activation_bytes(cfg: ViTConfig) -> int:
+    """Estimated peak float32 memory of one image's forward pass at ``cfg``'s input size, with every
+    block's attention probabilities returned (``return_attention=True``, as explanations run it).
+
+    The probabilities of all blocks (depth x heads x T^2), one block's widest intermediates (q, k, v and
+    output, the MLP's hidden layer and its activation, scores and probabilities), the image, and for
+    hybrids the CNN's largest feature map with its input. An estimate for the size limit on loading
+    (``vit_core.checkpoint.SizeLimits``), from the config alone."""
+    (h, w), heads, D = cfg.img_hw, cfg.num_heads, cfg.embed_dim
+    T = cfg.num_prefix_tokens + math.prod(cfg.grid_size)
+    block = T * (5 * D + 2 * int(D * cfg.mlp_ratio)) + 2 * heads * T * T
+    maps = _cnn_feature_maps(cfg)
+    cnn = 2 * max((c * -(-h // stride) * -(-w // stride) for c, stride in maps), default=0)
+    return 4 * (cfg.in_chans * h * w + cnn + cfg.depth * heads * T * T + block)
+
+
+def _cnn_feature_maps(cfg: ViTConfig) -> list[tuple[int, int]]:
+    """(channels, stride) of a hybrid's CNN layers, the last one feeding the patch projection."""
+    if cfg.backbone_layers:
+        return ResNetV2Stem.feature_maps(cfg.backbone_layers)
+    if cfg.stem_channels:
+        return ConvStem.feature_maps(cfg.stem_channels, cfg.stem_strides)
+    return []
 
 
 class _PreLogits(nn.Module):

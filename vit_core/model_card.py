@@ -26,10 +26,10 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
-from .config import ViTConfig
+from .config import ViTConfig, size_name
+from .run_folder import METRICS_NAME as METRICS_NAME  # hub.py imports it from here
 
 ACCURACY_KEYS = ("ema_test_top1", "top1", "test_top1", "test_acc", "val_top1", "val_acc", "acc", "accuracy")
-METRICS_NAME = "metrics.jsonl"
 RECIPE_NAMES = ("recipe.json", "recipe.yaml", "recipe.yml")
 TAGS = ["image-classification", "vit_core", "timm", "vision-transformer"]
 
@@ -41,7 +41,6 @@ _DATASETS = {
     "imagenet-1k": ("ILSVRC/imagenet-1k", "ImageNet-1k"),
 }
 _SECRET_KEY = re.compile(r"token|secret|passw|api[_-]?key|credential", re.IGNORECASE)
-_SIZES = {(192, 12, 3): "Ti", (384, 12, 6): "S", (768, 12, 12): "B", (1024, 24, 16): "L", (1280, 32, 16): "H"}
 _RESNETS = {(3, 4, 9): "R50", (3, 4, 6, 3): "R50", (2, 2, 2, 2): "R26"}
 
 CITATION = """@inproceedings{dosovitskiy2021an,
@@ -132,7 +131,7 @@ def _dataset_ids(name: str) -> tuple[str | None, str]:
 
 def describe(cfg: ViTConfig) -> str:
     """The paper's notation for the variant: 'ViT-B/16', 'R50+ViT-B/16', or the shape spelled out."""
-    size = _SIZES.get((cfg.embed_dim, cfg.depth, cfg.num_heads))
+    size = size_name(cfg)
     if size is None:
         return f"ViT with {cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, patch {cfg.feature_stride}"
     if cfg.backbone_layers:

@@ -15,9 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from .model import VisionTransformer, resample_pos_embed
+from .model import VisionTransformer
 
 MASK, RANDOM, KEEP = 1, 2, 3  # corruption kinds; 0: not corrupted
 
@@ -109,17 +108,7 @@ class MaskedPatchPrediction(nn.Module):
         grid = vit.patch_embed(images)  # (B, h, w, D): x_p^i E
         B, h, w, D = grid.shape
         x, kind = corrupt_patches(grid.reshape(B, h * w, D), self.mask_token, self.mask_ratio, self.probs, generator)
-        pos_embed = vit.pos_embed
-        if (h, w) != vit.patch_embed.grid_size:
-            pos_embed = resample_pos_embed(pos_embed, (h, w), vit.patch_embed.grid_size, vit.num_prefix_tokens)
-        if vit.cls_token is not None:
-            x = torch.cat([vit.cls_token.expand(B, -1, -1), x], dim=1)
-        x = vit.pos_drop(x + pos_embed)  # eq. 1, with corrupted patch embeddings
-        for block in vit.blocks:
-            if vit.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x, _ = checkpoint(block, x, use_reentrant=False)
-            else:
-                x, _ = block(x)
+        x, _ = vit.forward_blocks(vit._pos_embed(x.reshape(B, h, w, D)))  # eq. 1-3, with corrupted patches
         x = vit.fc_norm(vit.norm(x))[:, vit.num_prefix_tokens :]
         chosen = kind > 0
         return self.head(x[chosen]), targets[chosen]

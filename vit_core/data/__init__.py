@@ -11,14 +11,15 @@ Datasets (``build_dataset(spec, split)``, ``datasets.py``) yield ``(image, label
 - ``"mnist"``, ``"fashion-mnist"``, ``"cifar10"``: the official IDX files / the CIFAR-10 npz shards under
   ``root`` (default ``default_data_root()``), decoded once into ``.images``, a uint8 (N, C, H, W) tensor
   (``InMemoryImageDataset``; ``.subset(indices)`` carves out a validation split that stays fast).
-- a folder: class per sub-folder, as torchvision's ``ImageFolder``; a folder holding ``train/`` and
+- a folder holding those formats' files (IDX files, CIFAR npz shards): recognised by the file names.
+- any other folder: class per sub-folder, as torchvision's ``ImageFolder``; a folder holding ``train/`` and
   ``val/`` (or ``validation/``, ``test/``) is split that way, as timm does. Images decode on access.
 - ``"hf:<name>"``: a Hugging Face ``datasets`` dataset (optional package, needs the Hub or its cache).
 
 Transforms (``transforms.py``) take a PIL image, a uint8 (C, H, W) tensor or a uint8 (B, C, H, W) batch on
 any device, and return normalised float32 of the same rank. So for the in-memory datasets the whole
 pipeline is one tensor op per batch, with no PIL, no DataLoader and no per-sample Python (the fast path,
-as ``vit_core.engine`` runs it)::
+as ``Batches`` (``batches.py``) runs it for training and evaluation)::
 
     train_set = build_dataset("cifar10", "train", transform=build_transform(cfg, train=True, augment=aug))
     tf = train_set.transform
@@ -34,12 +35,14 @@ and RandomErasing from Python's ``random`` (RandAugment also numpy's, erasing no
 for a reproducible run; DataLoader workers are seeded by torch.
 """
 
+from .batches import Batches, fixed_subset
 from .datasets import HFImageDataset, ImageFolderDataset, InMemoryImageDataset, build_dataset, default_data_root
-from .images import ImageDataError, load_image, to_model_mode
-from .transforms import AUGMENT_DEFAULTS, ImageTransform, build_mixup, build_transform
+from .images import ImageDataError, load_image, match_channels, to_model_mode
+from .transforms import AUGMENT_DEFAULTS, ImageTransform, build_mixup, build_transform, check_augment
 
 __all__ = [
     "AUGMENT_DEFAULTS",
+    "Batches",
     "HFImageDataset",
     "ImageDataError",
     "ImageFolderDataset",
@@ -48,7 +51,10 @@ __all__ = [
     "build_dataset",
     "build_mixup",
     "build_transform",
+    "check_augment",
     "default_data_root",
+    "fixed_subset",
     "load_image",
+    "match_channels",
     "to_model_mode",
 ]

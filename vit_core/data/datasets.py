@@ -28,8 +28,18 @@ def default_data_root() -> Path:
     return (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").resolve()
 
 
-_FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                    "Ankle boot"]  # fmt: skip
+_FASHION_CLASSES = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
 _CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".tif", ".tiff", ".webp", ".gif")
 
@@ -69,7 +79,10 @@ class ImageFolderDataset(Dataset):
         self.root, self.transform = root, transform
         self.classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
         if not self.classes:
-            raise ImageDataError(f"{root}: no class folders; expected {root}/<class name>/<image files>")
+            raise ImageDataError(
+                f"{root}: no class folders; expected {root}/<class name>/<image files>, or the MNIST-style IDX "
+                "files (train-images-idx3-ubyte.gz ...) or CIFAR-10 npz shards (data_batch_1.npz ...) in it"
+            )
         self.samples: list[tuple[Path, int]] = []
         empty = []
         for label, name in enumerate(self.classes):
@@ -138,16 +151,19 @@ def build_dataset(spec: str, split: str, transform: Callable | None = None, root
     """A classification dataset of ``(image tensor, int label)`` with ``.classes`` and ``.targets``.
 
     ``spec``: "mnist", "fashion-mnist", "cifar10" (files under ``root``, default ``default_data_root()``),
-    a folder path (ImageFolder; ``train/`` + ``val/``/``test/`` sub-folders are picked by ``split``), or
-    "hf:<name>" (Hugging Face datasets). ``split``: "train" or "test" ("val" is an alias for the held-out
-    split). ``transform``: usually ``build_transform(...)``; see the module docstring for the fast path.
+    a folder path, or "hf:<name>" (Hugging Face datasets). A folder holding MNIST-style IDX files or
+    CIFAR-10 npz shards is read as those (in memory); any other folder is an ImageFolder, whose ``train/`` +
+    ``val/``/``test/`` sub-folders are picked by ``split``. ``split``: "train" or "test" ("val" is an alias
+    for the held-out split). ``transform``: usually ``build_transform(...)``; see the module docstring for
+    the fast path.
     """
     if split not in ("train", "test", "val"):
         raise ValueError(f"split must be 'train', 'test' or 'val', got {split!r}")
+    files_split = "train" if split == "train" else "test"
     key = spec.lower().replace("_", "-")
     if key in _BUILTIN:
         base = Path(root).expanduser() if root is not None else default_data_root()
-        images, targets, classes = _BUILTIN[key](base / key, "train" if split == "train" else "test")
+        images, targets, classes = _BUILTIN[key](base / key, files_split)
         return InMemoryImageDataset(images, targets, classes, transform)
     if spec.startswith("hf:"):
         return _hf_dataset(spec[3:], split, transform)
@@ -157,7 +173,31 @@ def build_dataset(spec: str, split: str, transform: Callable | None = None, root
             f"data {spec!r}: {'not a folder' if path.exists() else 'no such folder'} ({path}). Use one of "
             f"{', '.join(_BUILTIN)}, a folder with one sub-folder of images per class, or hf:<dataset name>."
         )
+    load = _files_loader(path)
+    if load is not None:
+        return InMemoryImageDataset(*load(path, files_split), transform)
     return ImageFolderDataset(_split_folder(path, split), transform)
+
+
+def _files_loader(folder: Path) -> Callable[[Path, str], tuple[torch.Tensor, torch.Tensor, list[str]]] | None:
+    """How to read a folder that holds one of the in-memory formats, recognised by its file names rather
+    than by a dataset name: the IDX files of MNIST / Fashion-MNIST, or the CIFAR-10 npz shards. None for
+    anything else."""
+    names = {p.name for p in folder.iterdir() if p.is_file()}
+    if any(f"{prefix}-images-idx3-ubyte{gz}" in names for prefix in ("train", "t10k") for gz in ("", ".gz")):
+        return lambda f, split: _load_idx_pair(f, split, _idx_classes(f))
+    if "test_batch.npz" in names or any(n.startswith("data_batch_") and n.endswith(".npz") for n in names):
+        return _load_cifar10
+    return None
+
+
+def _idx_classes(folder: Path) -> list[str] | None:
+    """Class names for IDX files, which hold none: ``meta.json``'s "classes" if there is one, Fashion-MNIST's
+    for a folder named so, else None (the label numbers)."""
+    meta = folder / "meta.json"
+    if meta.is_file():
+        return list(json.loads(meta.read_text())["classes"])
+    return _FASHION_CLASSES if folder.name.lower().replace("_", "-") == "fashion-mnist" else None
 
 
 def _split_folder(path: Path, split: str) -> Path:
@@ -193,10 +233,13 @@ def _read_idx(path: Path, magic: int) -> np.ndarray:
     return np.frombuffer(raw, np.uint8, offset=4 * (1 + ndim)).reshape(dims)
 
 
-def _load_idx_pair(folder: Path, split: str, classes: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def _load_idx_pair(folder: Path, split: str, classes: list[str] | None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """``split``'s images and labels; ``classes`` None: named by their numbers, 0 to 9 (or the largest label)."""
     prefix = "train" if split == "train" else "t10k"
     x = _read_idx(folder / f"{prefix}-images-idx3-ubyte.gz", 2051)
     y = _read_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", 2049)
+    if classes is None:
+        classes = [str(i) for i in range(max(10, int(y.max(initial=0)) + 1))]
     if len(x) != len(y) or y.max(initial=0) >= len(classes):
         raise ImageDataError(f"{folder}: {len(x)} images but {len(y)} labels (max {y.max()}); corrupt files")
     return torch.from_numpy(x.copy()).unsqueeze(1), torch.from_numpy(y.astype(np.int64)), classes
@@ -228,7 +271,7 @@ def _load_cifar10(folder: Path, split: str) -> tuple[torch.Tensor, torch.Tensor,
 
 
 _BUILTIN = {
-    "mnist": lambda folder, split: _load_idx_pair(folder, split, [str(i) for i in range(10)]),
+    "mnist": lambda folder, split: _load_idx_pair(folder, split, None),
     "fashion-mnist": lambda folder, split: _load_idx_pair(folder, split, _FASHION_CLASSES),
     "cifar10": _load_cifar10,
 }

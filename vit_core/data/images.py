@@ -118,7 +118,7 @@ def to_model_mode(img: Image.Image, in_chans: int) -> Image.Image:
     return img if img.mode == want else img.convert(want)
 
 
-def _match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
+def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
     """``to_model_mode`` for uint8 (..., C, H, W) tensors, with PIL's exact integer luma."""
     c = x.shape[-3]
     if c == in_chans:

@@ -16,12 +16,18 @@ import torchvision.transforms.v2.functional as TF
 from PIL import Image
 from torchvision.transforms import InterpolationMode
 
-from .images import _match_channels, to_model_mode
+from .images import match_channels, to_model_mode
 
-_INTERPOLATION = {"nearest": InterpolationMode.NEAREST, "bilinear": InterpolationMode.BILINEAR,
-                  "bicubic": InterpolationMode.BICUBIC}  # fmt: skip
-_PIL_RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
-                 "bicubic": Image.Resampling.BICUBIC}  # fmt: skip
+_INTERPOLATION = {
+    "nearest": InterpolationMode.NEAREST,
+    "bilinear": InterpolationMode.BILINEAR,
+    "bicubic": InterpolationMode.BICUBIC,
+}
+_PIL_RESAMPLE = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+}
 
 AUGMENT_DEFAULTS: dict[str, Any] = {
     "crop": None,  # "rrc" | "pad" | "none"; None: "pad" for inputs <= 64 px, else "rrc"
@@ -81,7 +87,7 @@ class ImageTransform:
         if self.in_chans not in (1, 3):
             raise ValueError(f"models take 1 or 3 input channels, got input_size {pretrained_cfg['input_size']}")
         self.train = train
-        self.augment = _check_augment(augment, self.size) if train else {}
+        self.augment = _resolve_augment(augment, self.size) if train else {}
         self._rrc = self._rand_augment = None
         if self.augment.get("crop") == "rrc":
             from timm.data.transforms import RandomResizedCropAndInterpolation
@@ -113,7 +119,7 @@ class ImageTransform:
         if isinstance(img, Image.Image):
             img = to_model_mode(img, self.in_chans)
         elif isinstance(img, torch.Tensor) and img.dtype == torch.uint8 and img.ndim in (3, 4):
-            img = _match_channels(img if batched else img[None], self.in_chans)
+            img = match_channels(img if batched else img[None], self.in_chans)
         else:
             got = f"{img.dtype} tensor of shape {tuple(img.shape)}" if isinstance(img, torch.Tensor) else type(img)
             raise TypeError(f"expected a PIL image or a uint8 (C, H, W) / (B, C, H, W) tensor, got {got}")
@@ -155,38 +161,60 @@ class ImageTransform:
         )
 
 
-def _check_augment(augment: dict[str, Any] | None, size: tuple[int, int]) -> dict[str, Any]:
+def check_augment(augment: dict[str, Any] | None) -> dict[str, Any]:
+    """``augment`` over ``AUGMENT_DEFAULTS``, checked: a ``ValueError`` names every unknown key and every
+    value of the wrong type or out of range. ``crop`` and ``padding`` may stay None (they follow the
+    input size). Recipes call this before any data is loaded."""
     augment = dict(augment or {})
     unknown = sorted(set(augment) - set(AUGMENT_DEFAULTS))
     if unknown:
         raise ValueError(f"unknown augment key(s) {', '.join(unknown)}; known: {', '.join(AUGMENT_DEFAULTS)}")
     a = {**AUGMENT_DEFAULTS, **augment}
+    problems = []
+    if a["crop"] not in (None, "rrc", "pad", "none"):
+        problems.append(f"crop must be 'rrc', 'pad' or 'none', got {a['crop']!r}")
+    for key, hi in (("scale", 1.0), ("ratio", math.inf)):
+        v = a[key]
+        if not (
+            isinstance(v, list | tuple) and len(v) == 2 and all(_is_number(x) for x in v) and 0 < v[0] <= v[1] <= hi
+        ):
+            problems.append(f"{key} must be [lo, hi] with 0 < lo <= hi{' <= 1' if hi == 1 else ''}, got {v!r}")
+    if a["padding"] is not None and not (_is_int(a["padding"]) and a["padding"] >= 0):
+        problems.append(f"padding must be an int >= 0, got {a['padding']!r}")
+    if not isinstance(a["hflip"], bool):
+        problems.append(f"hflip must be true or false, got {a['hflip']!r}")
+    if a["rand_augment"] is not None and not (
+        isinstance(a["rand_augment"], str) and a["rand_augment"].startswith("rand")
+    ):
+        problems.append(
+            f"rand_augment must be a RandAugment spec like 'rand-m9-mstd0.5-inc1', got {a['rand_augment']!r}"
+        )
+    if not (_is_number(a["re_prob"]) and 0 <= a["re_prob"] <= 1):
+        problems.append(f"re_prob must be in [0, 1], got {a['re_prob']!r}")
+    if a["re_mode"] not in ("pixel", "rand", "const"):
+        problems.append(f"re_mode must be 'pixel', 'rand' or 'const', got {a['re_mode']!r}")
+    if not (_is_int(a["re_count"]) and a["re_count"] >= 1):
+        problems.append(f"re_count must be an int >= 1, got {a['re_count']!r}")
+    if problems:
+        raise ValueError("invalid augment: " + "; ".join(problems))
+    return a
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _resolve_augment(augment: dict[str, Any] | None, size: tuple[int, int]) -> dict[str, Any]:
+    """``check_augment``, with the size-dependent defaults filled in."""
+    a = check_augment(augment)
     if a["crop"] is None:
         a["crop"] = "pad" if max(size) <= 64 else "rrc"
     if a["padding"] is None:
         a["padding"] = max(1, min(size) // 8)
-    problems = []
-    if a["crop"] not in ("rrc", "pad", "none"):
-        problems.append(f"crop must be 'rrc', 'pad' or 'none', got {a['crop']!r}")
-    for key, hi in (("scale", 1.0), ("ratio", math.inf)):
-        if len(a[key]) != 2 or not 0 < a[key][0] <= a[key][1] <= hi:
-            problems.append(f"{key} must be [lo, hi] with 0 < lo <= hi{' <= 1' if hi == 1 else ''}, got {a[key]}")
-    if not isinstance(a["padding"], int) or a["padding"] < 0:
-        problems.append(f"padding must be an int >= 0, got {a['padding']!r}")
-    if not isinstance(a["hflip"], bool):
-        problems.append(f"hflip must be true or false, got {a['hflip']!r}")
-    if a["rand_augment"] is not None and not str(a["rand_augment"]).startswith("rand"):
-        problems.append(
-            f"rand_augment must be a RandAugment spec like 'rand-m9-mstd0.5-inc1', got {a['rand_augment']!r}"
-        )
-    if not 0 <= a["re_prob"] <= 1:
-        problems.append(f"re_prob must be in [0, 1], got {a['re_prob']}")
-    if a["re_mode"] not in ("pixel", "rand", "const"):
-        problems.append(f"re_mode must be 'pixel', 'rand' or 'const', got {a['re_mode']!r}")
-    if not isinstance(a["re_count"], int) or a["re_count"] < 1:
-        problems.append(f"re_count must be an int >= 1, got {a['re_count']!r}")
-    if problems:
-        raise ValueError("invalid augment: " + "; ".join(problems))
     a["scale"], a["ratio"] = tuple(a["scale"]), tuple(a["ratio"])
     return a
 
@@ -269,6 +297,10 @@ def build_mixup(
     from timm.data import Mixup
 
     return Mixup(
-        mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=prob, switch_prob=switch_prob,
-        label_smoothing=label_smoothing, num_classes=num_classes,
-    )  # fmt: skip
+        mixup_alpha=mixup_alpha,
+        cutmix_alpha=cutmix_alpha,
+        prob=prob,
+        switch_prob=switch_prob,
+        label_smoothing=label_smoothing,
+        num_classes=num_classes,
+    )

@@ -1,0 +1,94 @@
+"""Batches for training and evaluation: a fixed subset of a dataset, and one process's share of it.
+
+The in-memory datasets whose transform works on uint8 batches (no RandAugment) are indexed and
+transformed a whole batch at a time on the training device; anything else goes through a DataLoader.
+Both paths see the same images in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from .datasets import InMemoryImageDataset
+from .images import ImageDataError
+
+
+def fixed_subset(dataset: Dataset, spec: int | list[int] | None) -> Dataset:
+    """``spec`` None: ``dataset``; N: N images; [a, b]: images a..b-1 of one permutation seeded with 0. The
+    same images for every recipe and seed, so a labelled subset [0, n) and pre-training images [n, N)
+    never overlap."""
+    if spec is None:
+        return dataset
+    start, stop = (0, spec) if isinstance(spec, int) else spec
+    if stop > len(dataset):
+        raise ImageDataError(f"subset up to {stop} images, but the dataset has only {len(dataset)}")
+    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[start:stop]
+    if isinstance(dataset, InMemoryImageDataset):
+        return dataset.subset(idx)
+    sub = Subset(dataset, idx.tolist())
+    sub.classes, sub.targets, sub.transform = dataset.classes, dataset.targets[idx], dataset.transform
+    return sub
+
+
+class Batches:
+    """One process's batches of a dataset, on its device.
+
+    Training: every epoch a permutation seeded with ``seed + epoch`` (``DistributedSampler``), the last
+    partial global batch dropped; process r takes elements r, r + N, ... Evaluation: every image once,
+    in order, process r taking r, r + N, ... In-memory datasets whose transform works on uint8 batches
+    are indexed and transformed a batch at a time on the device; anything else goes through a DataLoader
+    with ``workers`` processes.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        device: torch.device,
+        *,
+        train: bool,
+        rank: int = 0,
+        world: int = 1,
+        seed: int = 0,
+        workers: int = 0,
+    ) -> None:
+        self.device, self.batch_size, self.train = device, batch_size, train
+        self.sampler = (
+            DistributedSampler(dataset, world, rank, shuffle=True, seed=seed, drop_last=True) if train else None
+        )
+        self.indices = None if train else torch.arange(rank, len(dataset), world)
+        tf = dataset.transform
+        self.fast = isinstance(dataset, InMemoryImageDataset) and (tf is None or not tf.needs_pil)
+        if self.fast:
+            self.images, self.targets, self.transform = dataset.images.to(device), dataset.targets.to(device), tf
+        else:
+            self.loader = DataLoader(
+                dataset if train else Subset(dataset, self.indices.tolist()),
+                batch_size,
+                sampler=self.sampler,
+                drop_last=train,
+                num_workers=workers,
+                pin_memory=device.type == "cuda",
+            )
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.sampler is not None:
+            self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        n = len(self.sampler) if self.train else len(self.indices)
+        return n // self.batch_size if self.train else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if not self.fast:
+            for x, y in self.loader:
+                yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            return
+        order = torch.tensor(list(self.sampler)) if self.train else self.indices
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            idx = order[start : start + self.batch_size].to(self.device)
+            x = self.images[idx]
+            yield (self.transform(x) if self.transform else x), self.targets[idx]

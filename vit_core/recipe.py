@@ -1,0 +1,188 @@
+"""The recipe: plain data that says what a training run computes (what ``train/recipes/*.py`` hold).
+
+Kept apart from the training loop so that recipe files, the command line and tools that only read or
+check recipes need none of it. ``Recipe.from_dict`` checks everything that can be checked without data:
+unknown keys, types, ranges, the augmentation and, for a model trained from scratch, its config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import ViTConfig, get_config
+from .data import check_augment
+
+
+class RecipeError(ValueError):
+    """A recipe, or a request about a run, that cannot work: the message says which key and why."""
+
+
+@dataclass
+class Recipe:
+    """Everything a training run depends on. Recipe files and ``--set key=value`` fill these fields."""
+
+    # --- the model
+    model: str | None = None  # registry name (vit_core.list_models()); None: ViTConfig's defaults
+    model_args: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields, e.g. depth, drop_path_rate
+    weight_init: str = "timm"  # from scratch: "timm" (trunc. normal .02) or "jax" (Xavier; model.init_weights)
+    init: str | None = None  # fine-tune from a checkpoint: run folder, Hub id or timm:<name>; new zero head
+    task: str = "classify"  # "classify", or "mpp": masked patch prediction pre-training (section 4.6)
+    # --- the data
+    data: str = "cifar10"  # mnist | fashion-mnist | cifar10 | a folder | hf:<name> (vit_core.data)
+    train_subset: int | list[int] | None = None  # N: N training images; [a, b]: images a..b-1 (fixed shuffle)
+    eval_subset: int | None = None  # evaluate on this many test images (fixed shuffle); None: all
+    augment: dict[str, Any] = field(default_factory=dict)  # vit_core.data.AUGMENT_DEFAULTS keys
+    mixup: float = 0.0  # Mixup alpha; 0: off
+    cutmix: float = 0.0  # CutMix alpha; 0: off
+    mixup_prob: float = 1.0  # probability of mixing a batch
+    mixup_switch_prob: float = 0.5  # probability of CutMix instead of Mixup when both are on
+    label_smoothing: float = 0.0
+    # --- optimisation
+    epochs: int = 10
+    batch_size: int = 128  # global: over all processes
+    opt: str = "adamw"  # any timm optimizer name: adamw, sgd, lamb, ...
+    lr: float = 1e-3  # peak learning rate, after warmup
+    weight_decay: float = 0.05
+    momentum: float = 0.9  # for sgd
+    layer_decay: float | None = None  # layer-wise lr decay for fine-tuning (BEiT), e.g. 0.75
+    warmup_epochs: float = 0.0  # linear warmup from warmup_lr, in (fractional) epochs
+    warmup_lr: float = 1e-6
+    min_lr: float = 1e-6  # cosine decays to this
+    grad_clip: float | None = None  # max global gradient norm
+    ema_decay: float | None = None  # model EMA (timm ModelEmaV3), e.g. 0.9998; exported instead of the raw model
+    seed: int = 0
+    # --- how to run it (these may change when resuming)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "bf16"  # autocast on CUDA: bf16 | fp16 | fp32 (CPU always trains in fp32)
+    compile: bool = False  # torch.compile the model
+    grad_checkpointing: bool = False  # recompute blocks in backward: less memory for big variants
+    workers: int = 0  # DataLoader processes (for per-image PIL transforms: folders, RandAugment)
+    eval_batch_size: int = 256
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Recipe:
+        """A checked recipe from a plain dict; unknown keys and wrongly typed values are a ``RecipeError``."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise RecipeError(f"unknown recipe key(s) {', '.join(unknown)}; valid keys: {', '.join(names)}")
+        try:  # the canonical form is JSON's (tuples become lists): what recipe.json holds
+            d = json.loads(json.dumps(d))
+        except (TypeError, ValueError) as e:
+            raise RecipeError(f"recipe values must be numbers, strings, booleans, None, lists or dicts ({e})") from None
+        hints = typing.get_type_hints(cls)
+        values = {key: _check_type(key, value, hints[key]) for key, value in d.items()}
+        recipe = cls(**values)
+        recipe._validate()
+        return recipe
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def scratch_config(self, classes: list[str] | None) -> ViTConfig:
+        """The config of a model trained from scratch: ``model`` (a registry name, or ViTConfig's defaults)
+        with ``model_args``, and a head for ``classes`` (None: no head, for pre-training)."""
+        try:
+            base = get_config(self.model) if self.model else ViTConfig()
+            return base.replace(**self.model_args, num_classes=len(classes or ()), label_names=classes)
+        except KeyError as e:
+            raise RecipeError(str(e).strip("\"'")) from None
+        except TypeError as e:
+            derived = ("num_classes", "label_names")
+            valid = ", ".join(f.name for f in dataclasses.fields(ViTConfig) if f.name not in derived)
+            raise RecipeError(f"model_args: {e}; valid fields: {valid}") from None
+        except ValueError as e:
+            raise RecipeError(f"model_args: {e}") from None
+
+    def _validate(self) -> None:
+        problems = []
+        choices = {"task": ("classify", "mpp"), "precision": ("bf16", "fp16", "fp32"), "weight_init": ("timm", "jax")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                problems.append(f"{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
+        for key in ("epochs", "batch_size", "eval_batch_size"):
+            if getattr(self, key) < 1:
+                problems.append(f"{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("lr", "weight_decay", "warmup_epochs", "warmup_lr", "min_lr", "mixup", "cutmix", "workers", "seed"):
+            if getattr(self, key) < 0:
+                problems.append(f"{key} must be >= 0, got {getattr(self, key)}")
+        for key in ("label_smoothing", "mixup_prob", "mixup_switch_prob"):
+            if not 0 <= getattr(self, key) <= 1:
+                problems.append(f"{key} must be in [0, 1], got {getattr(self, key)}")
+        if self.warmup_epochs >= self.epochs:
+            problems.append(
+                f"warmup_epochs ({self.warmup_epochs:g}) must be less than epochs ({self.epochs}); "
+                "shorten it, e.g. --set warmup_epochs=0"
+            )
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
+            problems.append(f"ema_decay must be in (0, 1), got {self.ema_decay}")
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            problems.append(f"layer_decay must be in (0, 1], got {self.layer_decay}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            problems.append(f"grad_clip must be > 0 or None, got {self.grad_clip}")
+        if self.init is not None and self.model is not None:
+            problems.append("give either model (train from scratch) or init (fine-tune a checkpoint), not both")
+        derived = sorted({"num_classes", "label_names"} & set(self.model_args))
+        if derived:
+            problems.append(f"model_args {', '.join(derived)} come from the data's classes; remove them")
+        if self.task == "mpp" and (self.mixup or self.cutmix or self.label_smoothing):
+            problems.append("mixup, cutmix and label_smoothing apply to classification, not task='mpp'")
+        problems += _subset_problems(self.train_subset, self.eval_subset)
+        try:
+            check_augment(self.augment)
+        except ValueError as e:
+            problems.append(f"augment: {e}")
+        if problems:
+            raise RecipeError("invalid recipe: " + "; ".join(problems))
+        if self.init is None:  # a fine-tuned model's config comes from its checkpoint, checked when loaded
+            self.scratch_config(None)
+
+
+# Keys that only say how to run, not what is computed (up to float rounding): a resumed run may change them.
+RUNTIME_KEYS = frozenset({"device", "compile", "grad_checkpointing", "workers", "eval_batch_size"})
+
+
+def _subset_problems(train_subset: int | list[int] | None, eval_subset: int | None) -> list[str]:
+    problems = []
+    if isinstance(train_subset, int) and train_subset < 1:
+        problems.append(f"train_subset must be >= 1, got {train_subset}")
+    if isinstance(train_subset, list) and not (
+        len(train_subset) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in train_subset)
+        and 0 <= train_subset[0] < train_subset[1]
+    ):
+        problems.append(f"train_subset must be N or [start, stop] with 0 <= start < stop, got {train_subset}")
+    if eval_subset is not None and eval_subset < 1:
+        problems.append(f"eval_subset must be >= 1, got {eval_subset}")
+    return problems
+
+
+def _check_type(key: str, value: Any, hint: Any) -> Any:
+    """``value`` if it fits the field's type hint (ints are accepted for floats)."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    for t in args:
+        base = typing.get_origin(t) or t
+        if t is type(None) and value is None:
+            return value
+        if base is float and isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise RecipeError(f"recipe key {key!r} must be a finite number, got {value!r}")
+            return float(value)
+        if base is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if base in (str, bool, dict, list) and isinstance(value, base):
+            return value
+    want = " or ".join("None" if t is type(None) else (typing.get_origin(t) or t).__name__ for t in args)
+    raise RecipeError(f"recipe key {key!r} must be {want}, got {value!r}")
+
+
+def recipe_diff(a: Recipe, b: Recipe, ignore: frozenset[str] = RUNTIME_KEYS) -> list[str]:
+    """Keys (outside ``ignore``) whose values differ, as 'key: a -> b'."""
+    da, db = a.to_dict(), b.to_dict()
+    return [f"{k}: {da[k]!r} -> {db[k]!r}" for k in da if k not in ignore and da[k] != db[k]]

@@ -1,0 +1,189 @@
+"""A training run's folder: the names of its files, which folders a run may write, and how an epoch's
+files are committed so that a kill at any moment leaves a folder that a resume can trust.
+
+    recipe.json        the resolved recipe, written when the run starts
+    checkpoint.pt      the full training state after the last finished epoch: the commit record
+    model.safetensors  the exported model (its header records the epoch) and
+    config.json        its config: ``vit_core.from_pretrained(run)`` loads the pair
+    metrics.jsonl      one line per epoch
+    curves.png         training curves (its text chunk records the epoch)
+
+An epoch's files are all written to temporary names (``.<name>.tmp``) first, then renamed into place,
+``checkpoint.pt`` first. A kill before that rename leaves the previous epoch's files; a kill between the
+renames leaves files that are one epoch behind the checkpoint, which ``stale_files`` tells apart by the
+epoch each records, and a resume rewrites them from the checkpoint. ``prepare`` removes the temporary
+files a killed run leaves behind. Nothing here ever deletes a file that is not a run's own.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import torch
+from PIL import Image, PngImagePlugin
+from safetensors import safe_open
+from safetensors.torch import save as safetensors_bytes
+
+from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, config_to_dict
+from .recipe import RecipeError
+
+if TYPE_CHECKING:
+    from .model import VisionTransformer
+
+RECIPE_NAME = "recipe.json"
+CHECKPOINT_NAME = "checkpoint.pt"
+METRICS_NAME = "metrics.jsonl"
+CURVES_NAME = "curves.png"
+
+_NAMES = "|".join(map(re.escape, (RECIPE_NAME, CHECKPOINT_NAME, WEIGHTS_NAME, CONFIG_NAME, METRICS_NAME, CURVES_NAME)))
+# What a run writes, ``python -m train eval`` included; a run folder holds recipe.json and only these.
+_RUN_FILES = rf"(?:{_NAMES}|eval_[\w-]+\.json|confusion_[\w-]+\.png)"
+_RUN_FILE = re.compile(_RUN_FILES)
+# Their temporary files: ``.<name>.tmp`` (``commit``) and ``.<name>.<random>.tmp`` (``checkpoint.atomic_write``).
+_TEMP_FILE = re.compile(rf"\.{_RUN_FILES}\.(?:.*\.)?tmp")
+
+Writer = Callable[[IO[bytes]], Any]
+
+
+class DiskFullError(OSError):
+    """A run or evaluation file could not be written because its disk is full (or over quota)."""
+
+
+def check_out(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse a folder a run must not write, with a ``RecipeError`` that says what to do instead.
+
+    Resuming needs ``checkpoint.pt``. A new run takes a missing or empty folder, or a run folder (``recipe.json``
+    and nothing but run files) whose run never finished an epoch; one holding a finished epoch, or any
+    file that is not a run's, is refused unless ``overwrite``.
+    """
+    if out.exists() and not out.is_dir():
+        raise RecipeError(f"--out {out} is a file, not a folder")
+    if resume:
+        if not (out / CHECKPOINT_NAME).is_file():
+            raise RecipeError(f"{out}: no {CHECKPOINT_NAME} to resume from; start the run without --resume")
+        return
+    if overwrite or not out.is_dir():
+        return
+    names = sorted(p.name for p in out.iterdir() if not _TEMP_FILE.fullmatch(p.name))
+    if CHECKPOINT_NAME in names:
+        raise RecipeError(
+            f"{out} already holds a run; pass --resume to continue it, --overwrite to start it again, or another --out"
+        )
+    if names and (RECIPE_NAME not in names or not all(_RUN_FILE.fullmatch(n) for n in names)):
+        shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+        raise RecipeError(
+            f"{out} is not a training run's folder (it holds {shown}); choose another --out, or pass --overwrite "
+            "to write the run into it (its run files are replaced, other files are kept)"
+        )
+
+
+def prepare(out: Path, *, fresh: bool) -> None:
+    """Make ``out`` ready for a run (on the first process, after ``check_out``): create it, remove the
+    temporary files a killed run left, and for a ``fresh`` start the run files of an earlier run, so
+    that nothing of that run can be taken for this one's."""
+    out.mkdir(parents=True, exist_ok=True)
+    for p in out.iterdir():
+        if p.is_file() and (_TEMP_FILE.fullmatch(p.name) or (fresh and _RUN_FILE.fullmatch(p.name))):
+            p.unlink()
+
+
+def commit(out: Path, files: dict[str, Writer]) -> None:
+    """Write ``files`` (name -> function writing the content to an open binary file) into ``out``: every
+    file to ``.<name>.tmp`` first, then each renamed into place in the order given, so that none is ever
+    half-written. A write that fails (a full disk: ``DiskFullError``) leaves the old files as they were."""
+    temps = {name: out / f".{name}.tmp" for name in files}
+    try:
+        for name, write in files.items():
+            with open(temps[name], "wb") as f:
+                write(f)
+    except BaseException as e:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        if _disk_full(e):
+            free = shutil.disk_usage(out).free / 2**20
+            raise DiskFullError(f"the disk is full: could not write {out / name} ({free:.1f} MB free on it)") from e
+        raise
+    for name, tmp in temps.items():
+        os.replace(tmp, out / name)
+
+
+def _disk_full(e: BaseException | None) -> bool:
+    """Whether ``e`` or an error it was raised from is ENOSPC / EDQUOT (torch.save wraps it in a RuntimeError)."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def write_json(path: Path, obj: Any) -> None:
+    text = json.dumps(obj, indent=2) + "\n"
+    commit(path.parent, {path.name: lambda f: f.write(text.encode())})
+
+
+def commit_epoch(
+    out: Path,
+    epoch: int,
+    state: dict[str, Any] | None,
+    model: VisionTransformer,
+    history: list[dict],
+    curves: Image.Image,
+) -> None:
+    """Commit the files of ``epoch``: ``checkpoint.pt`` (the training ``state``; None: keep the one there,
+    to rewrite the files that are behind it), then the model, its config, the metrics and the ``curves``."""
+    weights = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    config = json.dumps(config_to_dict(model.config), indent=2) + "\n"
+    metrics = "".join(json.dumps(row) + "\n" for row in history)
+    png_text = PngImagePlugin.PngInfo()
+    png_text.add_text("epoch", str(epoch))
+    files: dict[str, Writer] = {} if state is None else {CHECKPOINT_NAME: lambda f: torch.save(state, f)}
+    files |= {
+        WEIGHTS_NAME: lambda f: f.write(safetensors_bytes(weights, metadata={"format": "pt", "epoch": str(epoch)})),
+        CONFIG_NAME: lambda f: f.write(config.encode()),
+        METRICS_NAME: lambda f: f.write(metrics.encode()),
+        CURVES_NAME: lambda f: curves.save(f, format="PNG", pnginfo=png_text),
+    }
+    commit(out, files)
+
+
+def stale_files(out: Path, epoch: int) -> list[str]:
+    """The files of ``out`` that do not hold ``epoch`` (the checkpoint's): missing, unreadable, or left one
+    epoch behind by a kill between the renames of a commit."""
+    found = {
+        WEIGHTS_NAME: _weights_epoch(out / WEIGHTS_NAME),
+        CONFIG_NAME: epoch if (out / CONFIG_NAME).is_file() else None,  # the same every epoch
+        METRICS_NAME: _metrics_epoch(out / METRICS_NAME),
+        CURVES_NAME: _curves_epoch(out / CURVES_NAME),
+    }
+    return [name for name, e in found.items() if e != epoch]
+
+
+def _weights_epoch(path: Path) -> int | None:
+    try:
+        with safe_open(path, "pt") as f:
+            return int((f.metadata() or {})["epoch"])
+    except Exception:  # missing, torn or from elsewhere: all mean "rewrite it"
+        return None
+
+
+def _metrics_epoch(path: Path) -> int | None:
+    try:
+        epochs = [json.loads(line)["epoch"] for line in path.read_text().splitlines()]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return epochs[-1] if epochs == list(range(1, len(epochs) + 1)) and epochs else None
+
+
+def _curves_epoch(path: Path) -> int | None:
+    try:
+        with Image.open(path) as img:
+            return int(img.text["epoch"])
+    except Exception:
+        return None
