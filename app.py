@@ -3,7 +3,10 @@
     python app.py [--model PATH_OR_REPO] [--device auto|cpu|cuda] [--host 127.0.0.1] [--port 7860] [--share]
 
 Runs locally (GPU when there is one), and unchanged as a Hugging Face Space (ZeroGPU included). All model,
-image and explanation logic lives in ``vit_core``; this file is the UI around it.
+image and explanation logic lives in ``vit_core`` and ``webapp``; this file is the UI around it.
+
+Endpoints (``gradio_client``): ``/classify``, ``/explore`` (one patch's attention), ``/compare`` (every method
+with its deletion/insertion AUC), ``/batch`` (many images or a zip -> gallery + CSV) and ``/inspect``.
 """
 
 from __future__ import annotations
@@ -15,11 +18,8 @@ except ImportError:
     spaces = None
 
 import argparse
-import json
-import threading
+import functools
 import time
-import uuid
-from contextlib import nullcontext
 from pathlib import Path
 
 import gradio as gr
@@ -28,18 +28,34 @@ from gradio import image_utils
 from gradio.data_classes import FileData
 from PIL import Image
 
-import vit_core
-from vit_core import explain, figures
-from vit_core.data import ImageDataError, build_transform, load_image
+from vit_core.data import ImageDataError, load_image
+from webapp import batch as batch_mode
+from webapp import explorer, model_info, render
+from webapp.analysis import (
+    METHODS,
+    PREDICTED,
+    Analysis,
+    Settings,
+    analyse,
+    check_top_k,
+    explained_class,
+    parse_settings,
+    relevance,
+)
+from webapp.analysis import compare as compare_methods
+from webapp.errors import user_error
+from webapp.models import BUNDLED_LABEL, ROOT, Models, add_arguments, configure
+from webapp.models import Settings as ModelSettings
 
-ROOT = Path(__file__).resolve().parent
-BUNDLED = ROOT / "models" / "cifar10_vit"
-BUNDLED_LABEL = "bundled: CIFAR-10 ViT"
 EXAMPLES = sorted(str(p) for p in (ROOT / "examples").glob("*.jpg"))
-METHODS = ("Attention rollout", "Gradient rollout", "Raw attention")
-PREDICTED = "(predicted class)"
-MAX_SIDE = 2048  # overlays of larger images are drawn on a copy downscaled to this long side
-MAX_PIXELS = 50_000_000  # larger uploads are refused before decoding (decompression bombs)
+MAX_TOP_K = 10
+CSS = """
+.verdict p { font-size: 1.6rem; font-weight: 600; margin: 0; }
+#summary table { word-break: normal; overflow-wrap: normal; hyphens: none; }
+#summary td:first-child { white-space: nowrap; }
+#summary .prose { overflow-x: auto; }
+@media (max-width: 640px) { .phone-2-columns .grid-container { --grid-cols: 2 !important; } }
+"""
 
 
 def gpu(fn):
@@ -47,39 +63,17 @@ def gpu(fn):
     return spaces.GPU(fn) if spaces is not None else fn
 
 
-class Models:
-    """Loaded models by name, each with its preprocessing; loads are serialised, lookups are not."""
+def user_errors(fn):
+    """Bad requests (an unreadable image, a layer the model lacks...) become messages for the user."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._cache: dict[str, tuple[vit_core.VisionTransformer, object]] = {}
-        self._lock = threading.Lock()
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, ImageDataError) as e:  # gr.Error too: it is a ValueError
+            raise user_error(e) from None
 
-    @staticmethod
-    def path_of(choice: str) -> str:
-        return str(BUNDLED) if choice == BUNDLED_LABEL else choice.strip()
-
-    def get(self, choice: str) -> tuple[vit_core.VisionTransformer, object]:
-        key = self.path_of(choice)
-        if key in self._cache:
-            return self._cache[key]
-        with self._lock:
-            if key not in self._cache:
-                if not key:
-                    raise gr.Error("Choose a model: the bundled one, a run folder, or a Hub repo id.")
-                try:
-                    model = vit_core.from_pretrained(key).to(self.device).eval()
-                except Exception as e:  # every loader error is a message for the user here
-                    raise gr.Error(f"Could not load {key!r}: {e}") from None
-                self._cache[key] = (model, build_transform(model.pretrained_cfg))
-        return self._cache[key]
-
-
-def run_folders() -> list[str]:
-    """Trained runs under runs/ (folders holding a checkpoint)."""
-    runs = ROOT / "runs"
-    found = runs.glob("*/config.json") if runs.is_dir() else []
-    return sorted(str(p.parent.relative_to(ROOT)) for p in found if (p.parent / "model.safetensors").is_file())
+    return wrapper
 
 
 class ImageUpload(gr.Image):
@@ -96,13 +90,24 @@ class ImageUpload(gr.Image):
         return payload.path
 
 
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.autocast("cuda", dtype=dtype)
-    return nullcontext()
+def _analysis(image: str | None, model_choice: str) -> Analysis:
+    """The (cached) forward pass of ``image`` through the chosen model."""
+    if image is None:
+        raise gr.Error("Upload, paste or capture an image first (Classify tab).")
+    model, transform = MODELS.get(model_choice)
+    return analyse(model, transform, MODELS.key_of(model_choice), image, MODELS.device)
 
 
+def _explains(a: Analysis, s: Settings) -> str:
+    names, predicted = a.names, int(a.probs.argmax())
+    if s.method != "Gradient rollout":
+        return f"Map explains: {names[predicted]}, the prediction (attention maps are the same for every class)"
+    target = explained_class(a, s)
+    why = "the predicted class" if target == predicted else f"chosen; the model predicts {names[predicted]}"
+    return f"Map explains: {names[target]} ({why})"
+
+
+@user_errors
 def classify(
     image: str | None,
     model_choice: str = BUNDLED_LABEL,
@@ -114,185 +119,349 @@ def classify(
     discard_ratio: float = 0.0,
     opacity: float = 0.5,
     top_k: int = 5,
-) -> tuple[dict[str, float], Image.Image, str]:
-    """Top-k classes, the input image with a relevance heatmap, and the time the model took."""
-    if image is None:
-        raise gr.Error("Upload, paste or capture an image first.")
-    try:
-        img = load_image(image, max_pixels=MAX_PIXELS)
-    except ImageDataError as e:
-        raise gr.Error(str(e)) from None
-    model, transform = MODELS.get(model_choice)
-    names = model.label_names or [str(i) for i in range(model.config.num_classes)]
+) -> tuple[dict[str, float], Image.Image, float, str, str]:
+    """Top-k classes; the image with a relevance map over the region the model saw (with a colour bar);
+    the compute time in ms (decode, model and map; a cached forward pass is reused when only the settings
+    change); the prediction in words ("Not sure — maybe ..." below 50%); and the class the map explains."""
     t0 = time.perf_counter()
-    x = transform(img).unsqueeze(0).to(MODELS.device)
-    with _autocast(MODELS.device):
-        if method == "Gradient rollout":
-            if target not in (PREDICTED, "", None) and target not in names:
-                raise gr.Error(f"{target!r} is not a class of this model; choose one of {', '.join(names)}")
-            cls = None if target in (PREDICTED, "", None) else names.index(target)
-            logits, heat = explain.gradient_rollout(model, x, target=cls, return_logits=True)
-        elif method == "Raw attention":
-            if head != "mean" and not (str(head).isdigit() and int(head) < model.config.num_heads):
-                raise gr.Error(f"head must be 'mean' or 0..{model.config.num_heads - 1}, got {head!r}")
-            if not -model.config.depth <= int(layer) < model.config.depth:
-                raise gr.Error(f"layer must be in {-model.config.depth}..{model.config.depth - 1}, got {layer}")
-            logits, heat = explain.attention_maps(
-                model, x, layer=int(layer), head=None if head == "mean" else int(head), return_logits=True
-            )
-        else:
-            logits, heat = explain.attention_rollout(
-                model, x, head_fusion=head_fusion, discard_ratio=float(discard_ratio), return_logits=True
-            )
-    probs = logits.float().softmax(-1)[0].cpu()
-    heat = heat[0].float().cpu()
-    if MODELS.device.type == "cuda":
-        torch.cuda.synchronize()
+    a = _analysis(image, model_choice)
+    s = parse_settings(a.model, method, target, layer, head, head_fusion, discard_ratio, opacity)
+    k = check_top_k(top_k, len(a.names))
+    heat = relevance(a, s, MODELS.device)
     compute_ms = (time.perf_counter() - t0) * 1000
-    k = max(1, min(int(top_k), len(names)))
-    top = probs.topk(k)
-    labels = {names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
-    # Draw the map over the region the model saw (the eval crop); the rest of the image stays as it was.
-    shown = img.convert("RGB")
-    if max(shown.size) > MAX_SIDE:
-        shown.thumbnail((MAX_SIDE, MAX_SIDE))
-    box = tuple(round(v) for v in transform.crop_box(*shown.size))
-    out = shown.copy()
-    out.paste(figures.overlay(shown.crop(box), heat, alpha=float(opacity), colormap="jet"), box[:2])
-    # Gradio caches outputs under a hash of their bytes and rewrites that file on every request, so two
-    # identical concurrent requests would overwrite the PNG while the other downloads it. A unique id in
-    # the PNG's text metadata gives every response its own file.
-    out.info["vit_core"] = f"{method}; request {uuid.uuid4().hex}"
-    timing = f"Model + {method.lower()}: **{compute_ms:.0f} ms** on {MODELS.device.type.upper()}"
-    return labels, out, timing
+    top = a.probs.topk(k)
+    labels = {a.names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
+    overlay = render.map_on_image(a.shown, a.box, heat, s.opacity, method.lower())
+    verdict = model_info.verdict(a.probs, a.names)
+    return labels, render.unique(overlay, method), round(compute_ms, 2), verdict, _explains(a, s)
 
 
-def inspect(model_choice: str) -> tuple[Image.Image, Image.Image, Image.Image, str]:
-    """The paper's figure 7 for the loaded model, and a summary of what it is."""
+def rerender(image: str | None, *settings):
+    """Live controls: re-render with the new settings (reusing the cached forward pass); nothing to do
+    before an image is there."""
+    return classify(image, *settings) if image is not None else (gr.skip(),) * 5
+
+
+@user_errors
+def explorer_view(image: str | None, model_choice: str) -> Image.Image | None:
+    """The upload to click on: the region the model saw bright, its token grid drawn."""
+    return None if image is None else explorer.view(_analysis(image, model_choice))
+
+
+@user_errors
+def explore(
+    image: str | None,
+    model_choice: str = BUNDLED_LABEL,
+    x: float = 0.0,
+    y: float = 0.0,
+    layer: int = -1,
+    head: str = "mean",
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    opacity: float = 0.5,
+) -> tuple[Image.Image, Image.Image, Image.Image, str]:
+    """The patch under the point (x, y) of the image, in the image's own pixels: its attention over the
+    patches at ``layer`` for ``head`` (or the mean), its attention-rollout row, every head of that layer,
+    and a sentence. The patch is outlined on each map."""
+    a = _analysis(image, model_choice)
+    s = parse_settings(a.model, layer=layer, head=head, head_fusion=head_fusion,
+                       discard_ratio=discard_ratio, opacity=opacity)  # fmt: skip
+    patch = explorer.patch_at(a, float(x), float(y))
+    if patch is None:
+        raise ValueError(f"({x:g}, {y:g}) is outside the region the model saw; pick a point inside it")
+    return explorer.explore(a, patch, s)
+
+
+@user_errors
+def on_select(image, model_choice, layer, head, head_fusion, discard_ratio, opacity, evt: gr.SelectData):
+    """A click on the explorer's picture: its pixels to the upload's, then ``explore``; the view is redrawn
+    with the patch outlined."""
+    if image is None or evt.index is None:
+        return (gr.skip(),) * 7
+    a = _analysis(image, model_choice)
+    x, y = explorer.from_view(a, *evt.index)
+    patch = explorer.patch_at(a, x, y)
+    if patch is None:
+        gr.Warning("That point is outside the region the model saw: click inside the bright region.")
+        return (gr.skip(),) * 7
+    shown = explore(image, model_choice, x, y, layer, head, head_fusion, discard_ratio, opacity)
+    return explorer.view(a, patch), round(x, 1), round(y, 1), *shown
+
+
+def re_explore(image, model_choice, x, y, *settings):
+    """Live explorer controls: redraw the last clicked patch with the new layer or head."""
+    if image is None or x is None or y is None:
+        return (gr.skip(),) * 4
+    return explore(image, model_choice, x, y, *settings)
+
+
+@user_errors
+def compare(
+    image: str | None,
+    model_choice: str = BUNDLED_LABEL,
+    target: str = PREDICTED,
+    layer: int = -1,
+    head: str = "mean",
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    opacity: float = 0.5,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's idiom)
+) -> tuple[list[tuple[Image.Image, str]], list[list], str]:
+    """Attention rollout, gradient rollout, raw attention and a centre-Gaussian baseline for the same image
+    and class, each with its deletion AUC (lower is better) and insertion AUC (higher is better)."""
+    a = _analysis(image, model_choice)
+    s = parse_settings(a.model, METHODS[0], target, layer, head, head_fusion, discard_ratio, opacity)
+    scored = compare_methods(a, s, MODELS.device, lambda f, desc: progress(f, desc=desc))
+    gallery, table = [], []
+    for name, heat, deletion, insertion in scored:
+        scores = f"deletion {deletion:.3f}, insertion {insertion:.3f}"
+        img = render.titled(render.map_on_crop(a.shown, a.box, heat, s.opacity, explorer.SIDE, "relevance"),
+                            [name.split(" (")[0], scores])  # fmt: skip
+        gallery.append((render.unique(img, name), f"{name}: {scores}"))
+        table.append([name, round(deletion, 4), round(insertion, 4)])
+    target_name = a.names[explained_class(a, s)]
+    head = "mean of heads" if s.head is None else f"head {s.head}"
+    return gallery, table, f"Maps and scores for class {target_name}; raw attention: layer {s.layer}, {head}."
+
+
+@user_errors
+def batch(
+    files: list[str] | None,
+    model_choice: str = BUNDLED_LABEL,
+    method: str = METHODS[0],
+    top_k: int = 5,
+    opacity: float = 0.5,
+) -> tuple[list[tuple[Image.Image, str]], str, str]:
+    """Many images (files, or zip archives of images) at once: a gallery of overlays, a CSV of each image's
+    top-k predictions (downloadable), and a one-line summary. At most 64 images per batch."""
     model, transform = MODELS.get(model_choice)
-    filters = figures.embedding_filters_figure(explain.embedding_filters(model))
-    similarity = figures.position_similarity_figure(explain.position_embedding_similarity(model))
-    batch = torch.stack([transform(load_image(p)) for p in EXAMPLES]).to(MODELS.device)
-    with _autocast(MODELS.device):
-        distances = explain.mean_attention_distance(model, batch)
-    distance = figures.attention_distance_figure(distances)
-    return filters, similarity, distance, _summary(model, model_choice)
+    s = parse_settings(model, method, opacity=opacity)
+    k = check_top_k(top_k, model.config.num_classes)
+    items = batch_mode.read_uploads(files or [])
+    gallery = batch_mode.classify_batch(model, transform, items, s, MODELS.device)
+    path = batch_mode.write_csv(items, model.class_names, k)
+    skipped = [i for i in items if i.image is None]
+    note = f"{len(gallery)} image(s) classified" + (f", {len(skipped)} skipped (see the CSV)" if skipped else "")
+    return gallery, str(path), note
 
 
-def _summary(model: vit_core.VisionTransformer, choice: str) -> str:
+@user_errors
+def inspect(model_choice: str = BUNDLED_LABEL) -> tuple[Image.Image, Image.Image, Image.Image, str]:
+    """The paper's figure 7 for the loaded model (filters, position-embedding similarity, mean attention
+    distance over the example images) and a summary of what it is."""
+    model, transform = MODELS.get(model_choice)
+    batch_ = torch.stack([transform(load_image(p)) for p in EXAMPLES])
+    figs = model_info.inspect_figures(model, batch_, MODELS.device)
+    return *figs, model_info.summary(model, MODELS.folder_of(model_choice))
+
+
+def _model_updates(model_choice: str) -> tuple:
+    """Status line, facts line and controls fitted to a loaded model."""
+    model, _ = MODELS.load(model_choice)
     cfg = model.config
-    h, w = cfg.img_hw
-    rows = [
-        ("Variant", cfg.name or "custom"),
-        ("Parameters", f"{model.num_params():,}"),
-        ("Resolution", f"{h}x{w}, {cfg.grid_size[0]}x{cfg.grid_size[1]} tokens of {cfg.feature_stride}px"),
-        ("Width / depth / heads", f"{cfg.embed_dim} / {cfg.depth} / {cfg.num_heads}"),
-        ("Pooling", "class token" if cfg.global_pool == "token" else "average of patch tokens"),
-        ("Classes", f"{cfg.num_classes}: {', '.join(model.label_names or [])[:300]}"),
-    ]
-    folder = Path(Models.path_of(choice))
-    metrics = folder / "metrics.jsonl"
-    if metrics.is_file() and metrics.read_text().strip():
-        last = json.loads(metrics.read_text().strip().splitlines()[-1])
-        rows.append(
-            (
-                "Training (last epoch)",
-                ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in last.items()),
-            )
-        )
-    text = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
-    card = folder / "README.md"
-    if card.is_file():
-        body = card.read_text().split("---", 2)[-1].strip()
-        text += "\n\n<details><summary>Model card</summary>\n\n" + body + "\n\n</details>"
-    return text
-
-
-def on_model_change(model_choice: str, progress: gr.Progress = gr.Progress()):  # noqa: B008 (Gradio's idiom)
-    """Load the chosen model (with a progress indicator) and fit the class / layer / head controls to it."""
-    progress(0.1, desc=f"Loading {Models.path_of(model_choice)}")
-    model, _ = MODELS.get(model_choice)
-    names = model.label_names or [str(i) for i in range(model.config.num_classes)]
-    cfg = model.config
-    size = f"{model.num_params() / 1e6:.1f}M parameters, {cfg.num_classes} classes"
-    status = f"Loaded **{model_choice}** ({cfg.name + ', ' if cfg.name else ''}{size})."
+    size = f"{model_info.format_count(model.num_params())} parameters, {cfg.num_classes} classes"
+    status = f"Loaded **{model_choice}** ({cfg.name + ', ' if cfg.name else ''}{size}).{MODELS.note(model_choice)}"
+    heads = ["mean", *map(str, range(cfg.num_heads))]
     return (
         status,
-        gr.Dropdown(choices=[PREDICTED, *names], value=PREDICTED),
+        model_info.facts(model),
+        gr.Dropdown(choices=[PREDICTED, *model.class_names], value=PREDICTED),
         gr.Slider(minimum=-cfg.depth, maximum=cfg.depth - 1, value=-1, step=1),
-        gr.Dropdown(choices=["mean", *[str(i) for i in range(cfg.num_heads)]], value="mean"),
+        gr.Dropdown(choices=heads, value="mean"),
+        gr.Slider(minimum=-cfg.depth, maximum=cfg.depth - 1, value=-1, step=1),
+        gr.Dropdown(choices=heads, value="mean"),
+        model_choice,
+        gr.skip(),
     )
 
 
+def on_model_change(model_choice: str, active: str, progress: gr.Progress = gr.Progress()):  # noqa: B008
+    """Load the chosen model (with a progress indicator) and fit the controls to it. A model that fails to
+    load leaves the previous one active: the status line says why, and the picker goes back to it."""
+    if model_choice == active:
+        return (gr.skip(),) * 9  # the picker was set back after a failed load, or nothing changed
+    progress(0.1, desc=f"Loading {model_choice}")
+    try:
+        return _model_updates(model_choice)
+    except gr.Error as e:
+        status = f"⚠️ {e.message} Still using **{active}**."
+        return (status, *(gr.skip(),) * 7, gr.Dropdown(value=active))
+
+
+def _example_label(path: str) -> str:
+    """Examples are named ``<class>_<anything>.jpg``, or ``ood_<what>.jpg`` for an image of none of the
+    classes."""
+    kind, _, what = Path(path).stem.partition("_")
+    return f"out-of-distribution: {what.replace('_', ' ')}" if kind == "ood" else kind.replace("-", " ")
+
+
 def build_ui(default_model: str) -> gr.Blocks:
-    choices = [BUNDLED_LABEL, *run_folders()]
-    if default_model not in choices:
-        choices.insert(0, default_model)
+    choices = MODELS.choices()
     model, _ = MODELS.get(default_model)
-    classes = model.label_names or [str(i) for i in range(model.config.num_classes)]
+    classes = model.class_names
     depth, heads = model.config.depth, model.config.num_heads
-    with gr.Blocks(title="Vision Transformer: where did it look?") as demo:
+    head_choices = ["mean", *map(str, range(heads))]
+    with gr.Blocks(title="Vision Transformer: where did it look?", delete_cache=(3600, 3600)) as demo:
         gr.Markdown(
-            "# Where did the Vision Transformer look?\n"
-            "Classify an image and see which patches the ViT's prediction drew on "
-            "(attention rollout, gradient-weighted rollout, or one layer's raw attention)."
+            "## Where did the Vision Transformer look?\n"
+            "Classify an image, see which patches the prediction drew on, click a patch to see where it "
+            "attends, and score each explanation."
         )
         with gr.Row():
             model_choice = gr.Dropdown(
-                choices, value=default_model, allow_custom_value=True, scale=3,
+                choices, value=default_model, allow_custom_value=MODELS.allow_custom_value, scale=3, min_width=320,
                 label="Model: the bundled one, a run folder, or a Hub repo id (ours, timm or transformers)",
             )  # fmt: skip
-            status = gr.Markdown()
-        with gr.Tab("Classify"):
+            status = gr.Markdown(elem_id="status", min_width=300)  # min widths: a row of its own on phones
+        active = gr.State(default_model)
+        facts = gr.Markdown(model_info.facts(model), elem_id="facts")
+        with gr.Tab("Classify"), gr.Row():
+            with gr.Column():
+                image = ImageUpload(
+                    sources=["upload", "clipboard", "webcam"],
+                    type="filepath",
+                    label="Image",
+                    height=300,
+                    elem_id="image",
+                )
+                button = gr.Button("Classify", variant="primary", elem_id="classify")
+                method = gr.Radio(list(METHODS), value=METHODS[0], label="Explanation")
+                with gr.Accordion("Explanation settings", open=False):
+                    # choices follow the loaded model; other values are checked server-side
+                    target = gr.Dropdown([PREDICTED, *classes], value=PREDICTED, allow_custom_value=True,
+                                         label="Class to explain (gradient rollout)")  # fmt: skip
+                    layer = gr.Slider(-depth, depth - 1, value=-1, step=1, label="Layer (raw attention; -1 = last)")
+                    head = gr.Dropdown(head_choices, value="mean", allow_custom_value=True,
+                                       label="Head (raw attention)")  # fmt: skip
+                    head_fusion = gr.Radio(["mean", "max", "min"], value="mean", label="Head fusion (rollout)")
+                    discard = gr.Slider(0.0, 0.99, value=0.0, step=0.01, label="Discard ratio (rollout)")
+                with gr.Row():
+                    opacity = gr.Slider(
+                        0.0, 1.0, value=0.5, step=0.05, label="Overlay opacity", elem_id="opacity", min_width=220
+                    )
+                    top_k = gr.Slider(1, MAX_TOP_K, value=5, step=1, label="Top-k", min_width=220)
+                gr.Examples(
+                    EXAMPLES, inputs=image, example_labels=[_example_label(p) for p in EXAMPLES],
+                    label="Examples (licences in examples/LICENSES.md)",
+                )  # fmt: skip
+            with gr.Column():
+                verdict = gr.Markdown(label="Prediction in words", elem_classes="verdict", elem_id="verdict")
+                explains = gr.Markdown(label="Class the map explains", elem_id="explains")
+                overlay = gr.Image(type="pil", label="Where the model looked", elem_id="overlay", height=360)
+                gr.Markdown(
+                    "The coloured region is what the model saw, resized to its input size (a centre crop, "
+                    "or the whole image when the model squashes); the rest was not used. The colour bar gives "
+                    "the map's range."
+                )
+                labels = gr.Label(label="Top-k classes", show_heading=False, elem_id="labels")
+                compute_ms = gr.Number(label="Compute time (ms): decode, model, map", precision=2)
+        with gr.Tab("Explore patches"):
+            gr.Markdown(
+                "Click a patch inside the bright region (what the model saw) to see where that patch "
+                "attends at one layer and head, its attention rollout, and every head of the layer."
+            )
             with gr.Row():
                 with gr.Column():
-                    image = ImageUpload(
-                        sources=["upload", "clipboard", "webcam"], type="filepath", label="Image", height=320
-                    )
-                    method = gr.Radio(list(METHODS), value=METHODS[0], label="Explanation")
-                    with gr.Accordion("Explanation settings", open=False):
-                        # choices follow the loaded model; other values are checked in classify()
-                        target = gr.Dropdown([PREDICTED, *classes], value=PREDICTED, allow_custom_value=True,
-                                             label="Class (gradient rollout)")  # fmt: skip
-                        layer = gr.Slider(-depth, depth - 1, value=-1, step=1, label="Layer (raw attention; -1 = last)")
-                        head = gr.Dropdown(["mean", *map(str, range(heads))], value="mean", allow_custom_value=True,
-                                           label="Head (raw attention)")  # fmt: skip
-                        head_fusion = gr.Radio(["mean", "max", "min"], value="mean", label="Head fusion (rollout)")
-                        discard = gr.Slider(0.0, 0.99, value=0.0, step=0.01, label="Discard ratio (rollout)")
-                    opacity = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="Overlay opacity")
-                    top_k = gr.Slider(1, 10, value=5, step=1, label="Top-k")
-                    button = gr.Button("Classify", variant="primary")
+                    view = gr.Image(type="pil", label="Click a patch", interactive=False, elem_id="view")
+                    with gr.Row():
+                        ex_layer = gr.Slider(-depth, depth - 1, value=-1, step=1, label="Layer (-1 = last)")
+                        ex_head = gr.Dropdown(head_choices, value="mean", allow_custom_value=True, label="Head")
+                    with gr.Row():
+                        point_x = gr.Number(label="x (image pixels)", precision=1)
+                        point_y = gr.Number(label="y (image pixels)", precision=1)
                 with gr.Column():
-                    labels = gr.Label(label="Prediction")
-                    overlay = gr.Image(type="pil", label="Where the model looked", format="png")
-                    timing = gr.Markdown()
-            gr.Examples(EXAMPLES, inputs=image, label="Examples (licences in examples/LICENSES.md)")
-            inputs = [image, model_choice, method, target, layer, head, head_fusion, discard, opacity, top_k]
-            button.click(gpu(classify), inputs, [labels, overlay, timing], api_name="classify")
+                    patch_text = gr.Textbox(label="Selected patch", lines=2, interactive=False, elem_id="patch-text")
+                    with gr.Row():
+                        patch_attention = gr.Image(
+                            type="pil", label="Its attention (layer, head)", elem_id="patch-attention"
+                        )
+                        patch_rollout = gr.Image(type="pil", label="Its attention rollout", elem_id="patch-rollout")
+                    heads_grid = gr.Image(type="pil", label="Every head of the layer", elem_id="heads-grid")
+        with gr.Tab("Compare methods"):
+            gr.Markdown(
+                "Every map for the same image and class, each scored on this image: **deletion AUC** (pixels "
+                "removed most relevant first; lower is better) and **insertion AUC** (revealed most relevant "
+                "first; higher is better). The centre Gaussian ignores the image: a map that does no better "
+                "says little about this image. Uses the class, layer and head of the Classify tab's settings."
+            )
+            compare_button = gr.Button("Compare methods", variant="primary")
+            compare_text = gr.Textbox(label="What is compared", interactive=False, elem_id="compare-text")
+            compare_table = gr.Dataframe(
+                headers=["method", "deletion AUC (lower is better)", "insertion AUC (higher is better)"],
+                label="Faithfulness on this image", interactive=False, wrap=True,
+                column_widths=["50%", "25%", "25%"], elem_id="compare-table",  # scores in sight on phones
+            )  # fmt: skip
+            compare_gallery = gr.Gallery(
+                label="Maps (coloured: the region the model saw)",
+                columns=4,
+                height="auto",
+                object_fit="contain",
+                elem_id="compare-gallery",
+                elem_classes="phone-2-columns",
+            )
+        with gr.Tab("Batch"):
+            gr.Markdown(f"Several images, or a zip archive of images (at most {batch_mode.MAX_IMAGES}).")
+            files = gr.File(
+                file_count="multiple", file_types=["image", ".zip"], type="filepath", label="Images", elem_id="files"
+            )
+            batch_button = gr.Button("Classify all", variant="primary")
+            batch_note = gr.Textbox(label="Summary", interactive=False, elem_id="batch-note")
+            batch_gallery = gr.Gallery(label="Overlays", columns=4, height="auto", object_fit="contain",
+                                       elem_id="batch-gallery", elem_classes="phone-2-columns")  # fmt: skip
+            batch_csv = gr.File(label="Top-k predictions (CSV)", elem_id="batch-csv")
         with gr.Tab("Inspect"):
             gr.Markdown("The paper's figure 7 for this model, and what it is.")
-            analyse = gr.Button("Analyse model")
+            analyse_button = gr.Button("Analyse model")
             with gr.Row():
-                fig_filters = gr.Image(label="RGB embedding filters (first principal components)")
-                fig_similarity = gr.Image(label="Position embedding similarity")
-                fig_distance = gr.Image(label="Mean attention distance")
-            summary = gr.Markdown()
-            analyse.click(gpu(inspect), model_choice, [fig_filters, fig_similarity, fig_distance, summary],
-                          api_name="inspect")  # fmt: skip
-        model_choice.change(on_model_change, model_choice, [status, target, layer, head], api_name=False)
-        demo.load(on_model_change, model_choice, [status, target, layer, head], api_name=False)
+                # labels name the API outputs; each figure has its own title
+                fig_filters = gr.Image(label="Embedding filters", show_label=False, elem_id="fig-filters")
+                fig_similarity = gr.Image(
+                    label="Position embedding similarity", show_label=False, elem_id="fig-similarity"
+                )
+                fig_distance = gr.Image(label="Mean attention distance", show_label=False, elem_id="fig-distance")
+            summary = gr.Markdown(label="Model summary", elem_id="summary")
+
+        settings = [method, target, layer, head, head_fusion, discard, opacity, top_k]
+        results = [labels, overlay, compute_ms, verdict, explains]
+        button.click(gpu(classify), [image, model_choice, *settings], results, api_name="classify")
+        gr.on([method.input, target.input, layer.release, head.input, head_fusion.input, discard.release,
+               opacity.release, top_k.release], gpu(rerender), [image, model_choice, *settings], results,
+              api_visibility="private", trigger_mode="always_last", show_progress="hidden")  # fmt: skip
+
+        ex_settings = [ex_layer, ex_head, head_fusion, discard, opacity]
+        patch_outputs = [patch_attention, patch_rollout, heads_grid, patch_text]
+        gr.on([image.change, active.change], gpu(explorer_view), [image, model_choice], view,
+              api_visibility="private")  # fmt: skip
+        view.select(gpu(on_select), [image, model_choice, *ex_settings], [view, point_x, point_y, *patch_outputs],
+                    api_visibility="private", trigger_mode="always_last")  # fmt: skip
+        explore_inputs = [image, model_choice, point_x, point_y, *ex_settings]
+        gr.on([point_x.submit, point_y.submit], gpu(explore), explore_inputs, patch_outputs, api_name="explore")
+        gr.on([ex_layer.release, ex_head.input], gpu(re_explore), explore_inputs, patch_outputs,
+              api_visibility="private", trigger_mode="always_last", show_progress="hidden")  # fmt: skip
+
+        compare_button.click(gpu(compare), [image, model_choice, target, layer, head, head_fusion, discard, opacity],
+                             [compare_gallery, compare_table, compare_text], api_name="compare")  # fmt: skip
+        batch_button.click(gpu(batch), [files, model_choice, method, top_k, opacity],
+                           [batch_gallery, batch_csv, batch_note], api_name="batch")  # fmt: skip
+        analyse_button.click(gpu(inspect), model_choice, [fig_filters, fig_similarity, fig_distance, summary],
+                             api_name="inspect")  # fmt: skip
+
+        model_outputs = [status, facts, target, layer, head, ex_layer, ex_head, active, model_choice]
+        model_choice.change(on_model_change, [model_choice, active], model_outputs, api_visibility="private")
+        demo.load(lambda choice: _model_updates(choice)[:-1], model_choice, model_outputs[:-1],
+                  api_visibility="private")  # fmt: skip
     return demo
 
 
-def setup(model: str, device: str = "auto", threads: int | None = None) -> None:
+def setup(model: str, device: str = "auto", threads: int | None = None, settings: ModelSettings | None = None) -> None:
     """Pick the device, load the default model (failing fast, before serving) and size torch's CPU threads."""
     global MODELS
     if device == "cuda" and not torch.cuda.is_available() and spaces is None:
         raise SystemExit("--device cuda: no CUDA device is available")
     if spaces is not None or (device == "auto" and torch.cuda.is_available()):
         device = "cuda"  # on ZeroGPU, CUDA is attached per call by spaces.GPU
-    MODELS = Models(torch.device("cpu" if device == "auto" else device))
-    loaded, _ = MODELS.get(model)
+    MODELS = Models(torch.device("cpu" if device == "auto" else device), settings)
+    loaded, _ = MODELS.get(MODELS.set_default(model))
     if MODELS.device.type == "cpu":
         # Small models run fastest on one thread: hand-offs between threads cost more than they save.
         torch.set_num_threads(threads or (1 if loaded.num_params() < 10_000_000 else torch.get_num_threads()))
@@ -300,7 +469,6 @@ def setup(model: str, device: str = "auto", threads: int | None = None) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=BUNDLED_LABEL, help="run folder, checkpoint folder or Hub repo id")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--host", default=None, help="address to serve on (default 127.0.0.1; 0.0.0.0 on a Space)")
     p.add_argument("--port", type=int, default=None)
@@ -308,11 +476,12 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=1, help="requests computed at once (one GPU: 1)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: 1 for models under 10M parameters, else all cores)")  # fmt: skip
+    add_arguments(p)
     args = p.parse_args()
-    setup(args.model, args.device, args.threads)
-    demo = build_ui(args.model)
+    setup(args.model, args.device, args.threads, configure(args))
+    demo = build_ui(MODELS.default)
     demo.queue(default_concurrency_limit=args.concurrency, max_size=64)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS)
 
 
 MODELS: Models = Models(torch.device("cpu"))

@@ -1,25 +1,64 @@
 """Do the relevance maps point at what the model uses? Deletion/insertion AUC on real test images.
 
-    python -m bench.explain_sanity --model runs/mnist --data mnist           # 200 test images
-    python -m bench.explain_sanity --model runs/c10 --data cifar10 --n 500
+    python -m bench.explain_sanity                                   # models/cifar10_hybrid, 300 CIFAR-10 test images
+    python -m bench.explain_sanity --model models/cifar10_vit --n 500 --out bench/results/explain_vit.md
+    python -m bench.explain_sanity --model runs/mnist_tiny --data mnist --methods gradient "rollout(start_layer=1)"
 
-For a trained checkpoint and ``n`` test images (a fixed random subset), prints the deletion and
-insertion AUC (``vit_core.explain.deletion_insertion_auc``: pixels removed / revealed in order of
-relevance, probability of the predicted class tracked, baseline = dataset mean) of attention rollout,
-gradient rollout, the last layer's raw attention and a random map, and each AUC's ratio to the random
-map's. A map that finds the evidence the model uses has deletion AUC well below the random map's
-(ratio < 1) and insertion AUC above it (ratio > 1).
+For a trained checkpoint and ``n`` test images (a fixed random subset), scores each map with
+``vit_core.explain.deletion_insertion_auc`` (Petsiuk et al., "RISE", BMVC 2018: pixels removed / revealed
+in order of relevance, probability of the predicted class tracked, area under the curve) on two
+baselines: ``mean`` (removed pixels take the dataset mean colour) and ``blur`` (they take the image under
+a Gaussian blur of σ = a quarter of each side, ``explain.BLUR_SIGMA``). Two maps that ignore the image
+anchor the scale:
+
+- ``random``: uniform noise on the token grid, the chance level;
+- ``centre``: ``explain.centre_gaussian_map``, a Gaussian on the middle of the grid. CIFAR-10's objects
+  are centred, so this is the bar an explanation has to clear to show it finds the image's own evidence.
+
+Per baseline and map the table gives the AUCs (mean ± standard error over the images), the paired
+differences from the centre map on the same images (± their standard error), the fraction of images on
+which the map deletes better (lower AUC) and inserts better (higher AUC) than the centre map, and whether
+it *beats the centre*: deletion lower and insertion higher, both by more than two standard errors of the
+paired difference. A second table gives the model's probability of its predicted class on the original
+images, the fully mean-filled images and the fully blurred images, with the blur of σ = 5 px at 224 px
+(RISE's, 0.7 px at 32 px: the baseline's σ before it became a quarter of the side) for comparison.
+
+Methods are given as ``name`` or ``name(key=value,...)``, the keywords going to the function:
+``rollout`` (``explain.attention_rollout``: head_fusion, discard_ratio, start_layer), ``gradient``
+(``explain.gradient_rollout``), ``attention`` (``explain.attention_maps``: layer, head; the last layer and
+the mean of the heads by default), ``centre`` (``explain.centre_gaussian_map``: sigma) and ``random``.
+``--out FILE.md`` writes the tables to FILE.md and the numbers to FILE.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import re
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 import torch
+import torchvision.transforms.functional as TF
+from tqdm import tqdm
 
 import vit_core
 from vit_core import explain
 from vit_core.data import build_dataset, build_transform
+
+DEFAULT_METHODS = ("rollout", "gradient", "attention", "random", "centre")
+NAMES = {
+    "rollout": "attention rollout",
+    "gradient": "gradient rollout",
+    "attention": "raw attention (last layer, mean of heads)",
+    "random": "random map",
+    "centre": "centre Gaussian",
+}
+BASELINES = ("mean", "blur")
+RISE_SIGMA_PX_AT_224 = 5.0  # RISE's insertion blur, the blur baseline's σ before the fix
 
 
 def random_map(seed: int) -> explain.MapFn:
@@ -34,17 +73,201 @@ def random_map(seed: int) -> explain.MapFn:
     return fn
 
 
+def _value(text: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_method(spec: str, seed: int) -> explain.MapFn:
+    """``name`` or ``name(key=value,...)`` -> a map function (see the module docstring)."""
+    functions: dict[str, Callable[..., torch.Tensor]] = {
+        "rollout": explain.attention_rollout,
+        "gradient": explain.gradient_rollout,
+        "attention": explain.attention_maps,
+        "centre": explain.centre_gaussian_map,
+    }
+    m = re.fullmatch(r"(\w+)(?:\((.*)\))?", spec.replace(" ", ""))
+    if m is None or m[1] not in (*functions, "random"):
+        raise SystemExit(f"unknown method {spec!r}: use {', '.join((*functions, 'random'))}, optionally name(k=v,...)")
+    kwargs = {}
+    for item in filter(None, (m[2] or "").split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"method {spec!r}: arguments are key=value, got {item!r}")
+        kwargs[key] = _value(value)
+    if m[1] == "random":
+        if kwargs:
+            raise SystemExit("the random map takes no arguments")
+        return random_map(seed)
+    if m[1] == "attention":
+        kwargs.setdefault("layer", -1)
+    return partial(functions[m[1]], **kwargs)
+
+
+def _mean_se(x: torch.Tensor) -> dict[str, float]:
+    x = x.double()
+    se = x.std() / math.sqrt(x.numel()) if x.numel() > 1 else torch.tensor(float("nan"))
+    return {"mean": x.mean().item(), "se": se.item()}
+
+
+def end_points(model: torch.nn.Module, images: torch.Tensor, target: torch.Tensor, batch_size: int) -> dict:
+    """The ends of the curves, whatever the map: the probability of ``target`` (mean, SE) and the fraction
+    of images still predicted as ``target`` on the originals and on the fully replaced images: ``mean``
+    (zeros in normalised space), ``blur`` (``explain.BLUR_SIGMA``, what ``deletion_insertion_auc`` uses)
+    and the blur of RISE's σ = 5 px at 224 px scaled to the image (the blur baseline before the fix)."""
+    rise = RISE_SIGMA_PX_AT_224 * max(images.shape[-2:]) / 224
+    variants = {
+        "original": images,
+        "fully mean": torch.zeros_like(images),
+        f"fully blur (σ = {explain.BLUR_SIGMA:g} × side)": explain._gaussian_blur(images, explain.BLUR_SIGMA),
+        f"fully blur (σ = {rise:.2g} px, RISE's 5 px at 224: before the fix)": TF.gaussian_blur(
+            images, kernel_size=2 * math.ceil(3 * rise) + 1, sigma=rise
+        ),
+    }
+    out = {}
+    with torch.no_grad():
+        for name, x in variants.items():
+            p = torch.cat([model(c).float().softmax(-1) for c in x.split(batch_size)])
+            kept = (p.argmax(-1) == target).double().mean().item()
+            out[name] = {**_mean_se(p.gather(1, target[:, None]).squeeze(1)), "prediction_kept": kept}
+    return out
+
+
+def score(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    methods: list[str],
+    baselines: tuple[str, ...] = BASELINES,
+    steps: int = 16,
+    batch_size: int = 256,
+    seed: int = 0,
+    chunk: int = 25,
+    progress: bool = False,
+) -> dict:
+    """Deletion/insertion AUC of every method on every baseline, with paired comparisons to ``centre``.
+
+    Each method's maps are computed once, on all the images, then scored ``chunk`` images at a time (a
+    progress bar step each). Returns ``{"probability": end_points(...), "results": [row, ...]}`` with one
+    row per (baseline, method): the AUCs' mean and standard error, the paired differences from the centre
+    map (mean, standard error), the fractions of images on which the method's deletion is lower /
+    insertion higher than the centre map's, and whether it beats the centre map (both beyond 2 SE).
+    """
+    if "centre" not in methods:
+        methods = [*methods, "centre"]
+    model.eval()
+    with torch.no_grad():
+        logits = torch.cat([model(c) for c in images.split(batch_size)])
+    target = logits.argmax(-1)
+    maps = {spec: parse_method(spec, seed)(model, images).detach() for spec in methods}
+
+    per_image: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+    bar = tqdm(total=len(baselines) * len(methods) * len(images), unit="img", disable=not progress)
+    for baseline in baselines:
+        for spec in methods:
+            parts = []
+            for i in range(0, len(images), chunk):
+                part = slice(i, i + chunk)
+                parts.append(
+                    explain.deletion_insertion_auc(
+                        model,
+                        images[part],
+                        lambda _m, _x, part=part, spec=spec: maps[spec][part],
+                        target[part],
+                        steps=steps,
+                        baseline=baseline,
+                        batch_size=batch_size,
+                    )
+                )
+                bar.update(len(images[part]))
+            per_image[baseline, spec] = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    bar.close()
+
+    probability = end_points(model, images, target, batch_size)
+    rows = []
+    for baseline in baselines:
+        centre = per_image[baseline, "centre"]
+        for spec in methods:
+            r = per_image[baseline, spec]
+            row: dict = {"method": spec, "baseline": baseline}
+            for k in ("deletion", "insertion"):
+                row[k] = _mean_se(r[k])
+                row[f"{k}_minus_centre"] = _mean_se(r[k] - centre[k])
+            row["deletion_below_centre"] = (r["deletion"] < centre["deletion"]).double().mean().item()
+            row["insertion_above_centre"] = (r["insertion"] > centre["insertion"]).double().mean().item()
+            d, i = row["deletion_minus_centre"], row["insertion_minus_centre"]
+            row["beats_centre"] = d["mean"] + 2 * d["se"] < 0 and i["mean"] - 2 * i["se"] > 0
+            rows.append(row)
+    return {"probability": probability, "results": rows}
+
+
+def markdown(report: dict) -> str:
+    """The report as markdown: a header line, the AUC table per baseline, the end-point probabilities."""
+    lines = [
+        f"`{report['model']}` on {report['n']} {report['data']} test images (seed {report['seed']}): "
+        f"accuracy {report['accuracy']:.3f}; {report['steps']} steps; "
+        f"{report['cpu_s']:.0f} s CPU, {report['wall_s']:.0f} s wall",
+    ]
+    for baseline in dict.fromkeys(r["baseline"] for r in report["results"]):
+        lines += [
+            "",
+            f"Baseline `{baseline}`: AUC mean ± standard error; Δ = map − centre Gaussian on the same images (± SE); "
+            "fractions of images on which the map does better than the centre Gaussian",
+            "",
+            "| map | deletion AUC ↓ | insertion AUC ↑ | Δ deletion | Δ insertion "
+            "| deletion < centre | insertion > centre | beats centre |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in (r for r in report["results"] if r["baseline"] == baseline):
+            d, i, dd, di = r["deletion"], r["insertion"], r["deletion_minus_centre"], r["insertion_minus_centre"]
+            name = NAMES.get(r["method"], f"`{r['method']}`")
+            centre = r["method"] == "centre"
+            lines.append(
+                f"| {name} | {d['mean']:.4f} ± {d['se']:.4f} | {i['mean']:.4f} ± {i['se']:.4f} "
+                + (
+                    "| — | — | — | — | — |"
+                    if centre
+                    else f"| {dd['mean']:+.4f} ± {dd['se']:.4f} | {di['mean']:+.4f} ± {di['se']:.4f} "
+                    f"| {r['deletion_below_centre']:.0%} | {r['insertion_above_centre']:.0%} "
+                    f"| {'**yes**' if r['beats_centre'] else 'no'} |"
+                )
+            )
+    lines += [
+        "",
+        f"Probability of the predicted class (mean ± SE; chance {1 / report['num_classes']:.2f}):",
+        "",
+        "| image | probability | prediction unchanged |",
+        "|---|---|---|",
+        *(
+            f"| {k} | {v['mean']:.3f} ± {v['se']:.3f} | {v['prediction_kept']:.0%} |"
+            for k, v in report["probability"].items()
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="checkpoint folder (model.safetensors + config.json)")
-    p.add_argument("--data", required=True, help="mnist, fashion-mnist, cifar10, or an image folder")
-    p.add_argument("--n", type=int, default=200, help="number of test images")
-    p.add_argument("--steps", type=int, default=32, help="deletion/insertion steps")
+    p.add_argument(
+        "--model", default="models/cifar10_hybrid", help="checkpoint folder (model.safetensors + config.json)"
+    )
+    p.add_argument("--data", default="cifar10", help="mnist, fashion-mnist, cifar10, or an image folder")
+    p.add_argument("--n", type=int, default=300, help="number of test images")
+    p.add_argument("--steps", type=int, default=16, help="deletion/insertion steps")
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), help="map specs (see above)")
+    p.add_argument("--baselines", nargs="+", default=list(BASELINES), choices=BASELINES)
     p.add_argument("--batch-size", type=int, default=256, help="perturbed images per forward pass")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="picks the images and the random map")
+    p.add_argument("--out", type=Path, help="write the tables to OUT (.md) and the numbers to OUT with .json")
     args = p.parse_args()
+    for spec in args.methods:
+        parse_method(spec, args.seed)  # fail on a typo before any work
 
+    wall, cpu = time.perf_counter(), time.process_time()
     model = vit_core.from_pretrained(args.model).to(args.device).eval()
     dataset = build_dataset(args.data, "test", transform=build_transform(model.pretrained_cfg))
     if args.n > len(dataset):
@@ -55,26 +278,27 @@ def main() -> None:
     labels = torch.tensor([y for _, y in pairs], device=args.device)
     with torch.no_grad():
         accuracy = (model(images).argmax(-1) == labels).float().mean().item()
-    print(f"{args.model} on {args.n} {args.data} test images: accuracy {accuracy:.3f}; steps={args.steps}")
-
-    methods = {
-        "attention rollout": explain.attention_rollout,
-        "gradient rollout": explain.gradient_rollout,
-        "raw attention (last layer)": lambda m, x: explain.attention_maps(m, x, -1),
-        "random": random_map(args.seed),
-    }
-    results = {}
-    for name, fn in methods.items():
-        r = explain.deletion_insertion_auc(model, images, fn, steps=args.steps, batch_size=args.batch_size)
-        results[name] = (r["deletion"].mean().item(), r["insertion"].mean().item())
-    rand_del, rand_ins = results["random"]
-    print(
-        "| map | deletion AUC (lower is better) | insertion AUC (higher is better) "
-        "| deletion / random | insertion / random |"
+    results = score(
+        model, images, args.methods, tuple(args.baselines), args.steps, args.batch_size, args.seed, progress=True
     )
-    print("|---|---|---|---|---|")
-    for name, (d, i) in results.items():
-        print(f"| {name} | {d:.4f} | {i:.4f} | {d / rand_del:.3f} | {i / rand_ins:.3f} |")
+    report = {
+        "model": args.model,
+        "data": args.data,
+        "n": args.n,
+        "seed": args.seed,
+        "steps": args.steps,
+        "accuracy": accuracy,
+        "num_classes": model.config.num_classes,
+        **results,
+        "cpu_s": time.process_time() - cpu,
+        "wall_s": time.perf_counter() - wall,
+    }
+    text = markdown(report)
+    print(text, end="")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".md").write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Real-photo check: how a CIFAR-10 model does on freely licensed photos of its ten classes.
 
-    python -m bench.real_photos --model models/cifar10_hybrid            # plain and flip-TTA accuracy
-    python -m bench.real_photos --model models/cifar10_hybrid --tta         # per-image table with flip TTA
-    python -m bench.real_photos --model models/cifar10_hybrid --compare     # eval-crop variants side by side
+    python -m bench.real_photos --model models/cifar10_hybrid_pool            # plain and flip-TTA accuracy
+    python -m bench.real_photos --model models/cifar10_hybrid_pool --tta         # per-image table with flip TTA
+    python -m bench.real_photos --model models/cifar10_hybrid_pool --compare     # eval-crop variants side by side
 
 The photos live in ``bench/real_photos/<class>/*.jpg`` (sources and licences in ``SOURCES.md`` there), one
 folder per CIFAR-10 class, at most 256 px on the long side. Each photo is opened with
@@ -15,9 +15,10 @@ cut-outs (objects on a white background, the ``kind`` column of ``SOURCES.md``),
 ``--compare`` evaluates other eval preprocessings on the same photos, each with and without flips:
 
 - ``cfg``: the checkpoint's own ``pretrained_cfg``;
-- ``crop_pct=1.0`` and ``crop_pct=0.875``: the same with another centre-crop fraction (shorter side resized
-  to ``size / crop_pct``, centre crop; timm's eval geometry);
-- ``squash``: the whole image resized to the input size, aspect ratio not kept (timm's ``crop_mode="squash"``);
+- ``center, crop_pct=1.0`` and ``center, crop_pct=0.875``: centre crops (shorter side resized to
+  ``size / crop_pct``, centre crop; timm's eval geometry);
+- ``squash``: the whole image resized to the input size, aspect ratio not kept (timm's ``crop_mode="squash"``,
+  which a checkpoint's ``pretrained_cfg`` can name);
 - ``pad``: the image padded to a square with the normalisation mean colour, then resized (the whole object
   kept, at its own aspect ratio).
 """
@@ -82,14 +83,6 @@ def read_sources(path: Path) -> dict[str, dict[str, str]]:
     return rows
 
 
-def squash(size: tuple[int, int], interpolation: str) -> Preprocess:
-    """Resize the whole image to ``size`` (height, width), ignoring its aspect ratio."""
-    resample = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR}.get(
-        interpolation, Image.Resampling.BICUBIC
-    )
-    return lambda img: img.resize((size[1], size[0]), resample)
-
-
 def pad_square(mean: tuple[float, ...]) -> Preprocess:
     """Pad the image to a square, centred, with the colour ``mean`` (in [0, 1])."""
 
@@ -105,18 +98,18 @@ def pad_square(mean: tuple[float, ...]) -> Preprocess:
 
 def variants(cfg: dict, compare: bool) -> list[Variant]:
     """The checkpoint's own preprocessing, and with ``compare`` the alternatives in the module docstring."""
-    own = Variant(f"cfg (crop_pct={cfg.get('crop_pct')})", cfg)
+    mode = cfg.get("crop_mode", "center")
+    own = Variant(f"cfg ({mode}, crop_pct={cfg.get('crop_pct')})", cfg)
     if not compare:
         return [own]
-    size = tuple(int(s) for s in cfg["input_size"][1:])
-    whole = {**cfg, "crop_pct": 1.0}
-    crops = [Variant(f"crop_pct={c}", {**cfg, "crop_pct": c}) for c in (1.0, 0.875) if c != cfg.get("crop_pct")]
-    return [
-        own,
-        *crops,
-        Variant("squash", whole, squash(size, cfg.get("interpolation", "bicubic"))),
-        Variant("pad", whole, pad_square(tuple(cfg["mean"]))),
+    centre = {**cfg, "crop_mode": "center"}
+    crops = [
+        Variant(f"center, crop_pct={c}", {**centre, "crop_pct": c})
+        for c in (1.0, 0.875)
+        if (mode, c) != ("center", cfg.get("crop_pct"))
     ]
+    squash = [Variant("squash", {**cfg, "crop_mode": "squash", "crop_pct": 1.0})] if mode != "squash" else []
+    return [own, *crops, *squash, Variant("pad", {**centre, "crop_pct": 1.0}, pad_square(tuple(cfg["mean"])))]
 
 
 @torch.no_grad()
@@ -159,7 +152,7 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="models/cifar10_hybrid", help="checkpoint folder or Hub id")
+    ap.add_argument("--model", default="models/cifar10_hybrid_pool", help="checkpoint folder or Hub id")
     ap.add_argument("--photos", type=Path, default=PHOTOS, help="folder of <class>/<image> files")
     ap.add_argument("--tta", action="store_true", help="per-image table with horizontal-flip averaging")
     ap.add_argument("--compare", action="store_true", help="also other eval crops (see the module docstring)")

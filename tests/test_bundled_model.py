@@ -11,7 +11,7 @@ import vit_core
 from vit_core.data import build_dataset, build_transform, default_data_root, load_image
 
 ROOT = Path(__file__).resolve().parents[1]
-BUNDLE = ROOT / "models" / "cifar10_hybrid"
+BUNDLE = ROOT / "models" / "cifar10_hybrid_pool"
 
 
 def test_bundle_is_small_and_is_the_recipes_model():

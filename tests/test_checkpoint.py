@@ -155,14 +155,18 @@ def test_mismatched_weights_name_every_key(tmp_path):
     assert "head.weight: checkpoint (7, 192) vs model (5, 192)" in msg
 
 
-def test_conv_stem_hybrid_round_trips_in_half_precision(tmp_path):
-    # the bundled model's layout: a conv stem (BatchNorm statistics included), 1x1 patches, avg pooling
+@pytest.mark.parametrize("pools", [None, (2, 1)])
+def test_conv_stem_hybrid_round_trips_in_half_precision(tmp_path, pools):
+    # the bundled model's layout: a conv stem (BatchNorm statistics included; max pools or not), 1x1 patches,
+    # avg pooling, squashed eval crops
     torch.manual_seed(0)
     cfg = vit_core.ViTConfig(
         img_size=32,
         patch_size=1,
         stem_channels=(8, 16),
-        stem_strides=(2, 2),
+        stem_strides=(2, 2) if pools is None else (1, 2),
+        stem_pools=pools,
+        crop_mode="squash",
         embed_dim=32,
         depth=2,
         num_heads=2,

@@ -115,7 +115,11 @@ def test_get_config_overrides_and_unknown_names():
         (dict(label_names=12345), "label_names must be a list of strings or null, got 12345"),
         (dict(backbone_layers=(3, 4, 9), patch_size=2), "ResNet hybrid takes 1x1 patches"),
         (dict(backbone_layers=(3, 4, 9), stem_channels=(8,), stem_strides=(2,)), "either a ResNet"),
-        (dict(stem_channels=(8, 16), stem_strides=(2,)), "one stride per channel count"),
+        (dict(stem_channels=(8, 16), stem_strides=(2,)), r"one stride \(and pool\) per channel count"),
+        (dict(stem_channels=(8, 16), stem_strides=(1, 1), stem_pools=(2,)), r"one stride \(and pool\)"),
+        (dict(stem_channels=(8,), stem_strides=(1,), stem_pools=(0,)), "strides and pools >= 1"),
+        (dict(stem_channels=(8,), stem_strides=(1,), stem_pools=(4,), img_size=40, patch_size=4), "10x10 feature"),
+        (dict(crop_mode="border"), "crop_mode must be 'center' or 'squash'"),
         (dict(stem_channels=(8,), stem_strides=(2,), img_size=30, patch_size=2), "15x15 feature map is not a multiple"),
     ],
 )

@@ -190,7 +190,14 @@ def test_the_shared_mnist_folder_by_path():
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, dict(img_size=384, crop_pct=1.0), dict(img_size=(224, 160)), dict(interpolation="bilinear", crop_pct=0.8)],
+    [
+        {},
+        dict(img_size=384, crop_pct=1.0),
+        dict(img_size=(224, 160)),
+        dict(interpolation="bilinear", crop_pct=0.8),
+        dict(crop_mode="squash", crop_pct=1.0),
+        dict(crop_mode="squash", crop_pct=0.875, img_size=(224, 160)),
+    ],
 )
 def test_eval_transform_equals_timm(overrides):
     cfg = _cfg(**overrides)
@@ -583,3 +590,7 @@ def test_crop_box_is_the_region_the_eval_transform_keeps():
     assert (tf(smooth) - expected).abs().mean() < 0.02
     # Small images are upsampled first, so the same rule holds: 0.875 * 80 = 70 px, centred.
     assert tf.crop_box(100, 80) == (15.0, 5.0, 85.0, 75.0)
+    # Squashed, the model sees the whole image (crop_pct 1) or its centre crop_pct of each side.
+    assert build_transform({**cfg, "crop_mode": "squash", "crop_pct": 1.0}).crop_box(w, h) == (0.0, 0.0, w, h)
+    left, top, right, bottom = build_transform({**cfg, "crop_mode": "squash"}).crop_box(w, h)
+    assert right - left == pytest.approx(0.875 * w, abs=2) and bottom - top == pytest.approx(0.875 * h, abs=2)

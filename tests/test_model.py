@@ -232,6 +232,18 @@ def test_stochastic_depth_only_in_training():
             global_pool="avg",
             class_token=False,
         ),
+        vit_core.ViTConfig(
+            img_size=(32, 24),
+            patch_size=1,
+            stem_channels=(8, 8, 16),
+            stem_strides=(1, 1, 1),
+            stem_pools=(2, 1, 2),
+            embed_dim=16,
+            depth=1,
+            num_heads=2,
+            global_pool="avg",
+            class_token=False,
+        ),
     ],
     ids=lambda c: c.name or "custom",
 )
@@ -261,3 +273,28 @@ def test_class_names_fall_back_to_indices():
     assert model.label_names is None and model.class_names == ["0", "1", "2"]
     model.reset_classifier(2, label_names=["cat", "dog"])
     assert model.class_names == ["cat", "dog"]
+
+
+def test_pooled_conv_stem_against_brute_force():
+    """stem_pools: conv, max pool, BatchNorm, ReLU per layer (airbench's order), written out with torch ops;
+    the token grid shrinks by stride x pool per layer, with ceil on odd sides."""
+    torch.manual_seed(0)
+    cfg = vit_core.ViTConfig(
+        img_size=(32, 20), patch_size=1, stem_channels=(4, 8), stem_strides=(1, 1), stem_pools=(2, 2),
+        embed_dim=16, depth=1, num_heads=2, global_pool="avg", class_token=False, num_classes=3,
+    )  # fmt: skip
+    model = vit_core.create_model(cfg).eval()
+    for m in model.modules():  # non-trivial BatchNorm statistics
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2), m.weight.data.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 32, 20)
+    h = x
+    for layer in model.patch_embed.backbone.layers:
+        n = layer.norm
+        h = F.max_pool2d(F.conv2d(h, layer.conv.weight, padding=1), 2, ceil_mode=True)
+        h = (h - n.running_mean[:, None, None]) / torch.sqrt(n.running_var[:, None, None] + n.eps)
+        h = torch.relu(h * n.weight[:, None, None] + n.bias[:, None, None])
+    assert cfg.grid_size == (8, 5) and h.shape[-2:] == (8, 5)  # 20 -> 10 -> 5; 32 -> 16 -> 8
+    with torch.no_grad():
+        assert torch.allclose(model.patch_embed.backbone(x), h, atol=1e-5)
+        assert model(x).shape == (2, 3)

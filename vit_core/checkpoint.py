@@ -93,6 +93,7 @@ def config_to_dict(cfg: ViTConfig) -> dict[str, Any]:
             "name": cfg.name,
             "stem_channels": list(cfg.stem_channels) if cfg.stem_channels else None,
             "stem_strides": list(cfg.stem_strides) if cfg.stem_strides else None,
+            "stem_pools": list(cfg.stem_pools) if cfg.stem_pools else None,
         },
     }
 
@@ -121,10 +122,14 @@ def config_from_dict(d: dict[str, Any], source: str = "config.json") -> ViTConfi
         if not isinstance(size, list) or len(size) != 3:
             raise CheckpointError(f"{source}: pretrained_cfg.input_size must be [channels, h, w], got {size!r}")
         args["img_size"] = size[1:]
-    args |= {k: pc[k] for k in ("mean", "std", "interpolation", "crop_pct") if k in pc}
+    args |= {k: pc[k] for k in ("mean", "std", "interpolation", "crop_pct", "crop_mode") if k in pc}
     if "num_classes" not in args and "num_classes" in pc:
         args["num_classes"] = pc["num_classes"]
-    args |= {k: ours[k] for k in ("norm_eps", "representation_size", "stem_channels", "stem_strides") if ours.get(k)}
+    args |= {
+        k: ours[k]
+        for k in ("norm_eps", "representation_size", "stem_channels", "stem_strides", "stem_pools")
+        if ours.get(k)
+    }
     args["name"] = ours.get("name", arch)
     labels = d.get("label_names")
     if labels is not None and not isinstance(labels, list):

@@ -84,14 +84,18 @@ class ViTConfig:
     backbone_layers: tuple[int, ...] | None = None
     # Hybrid with a small convolutional stem instead (Xiao et al. 2021, "Early Convolutions Help
     # Transformers See Better"): one 3x3 conv + BatchNorm + ReLU per entry, with these output channels
-    # and strides; its feature map is cut into patch_size x patch_size patches (1: one token per cell).
+    # and strides, each optionally followed by a max pool (stem_pools: its size and stride, 1 = none,
+    # as airbench's conv-pool-norm-act layers); the feature map is cut into patch_size x patch_size
+    # patches (1: one token per cell).
     stem_channels: tuple[int, ...] | None = None
     stem_strides: tuple[int, ...] | None = None
+    stem_pools: tuple[int, ...] | None = None
     # Preprocessing, as timm's pretrained_cfg.
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     interpolation: str = "bicubic"
     crop_pct: float = 0.9
+    crop_mode: str = "center"  # "squash": resize the whole image to the input size, ignoring its aspect ratio
     label_names: tuple[str, ...] | None = None
     # Registry name this config was made from (timm's architecture name), if any.
     name: str | None = None
@@ -118,7 +122,7 @@ class ViTConfig:
     def feature_stride(self) -> int:
         """Pixels per token side: the patch size, times the CNN's stride for hybrids."""
         if self.stem_channels is not None:
-            return math.prod(self.stem_strides) * self.patch_size
+            return math.prod(self.stem_strides) * math.prod(self.stem_pools or ()) * self.patch_size
         if self.backbone_layers is None:
             return self.patch_size
         # stem /4, then every stage after the first halves the resolution
@@ -142,7 +146,7 @@ class ViTConfig:
             "fixed_input_size": False,  # any multiple of the patch size works
             "interpolation": self.interpolation,
             "crop_pct": self.crop_pct,
-            "crop_mode": "center",
+            "crop_mode": self.crop_mode,
             "mean": list(self.mean),
             "std": list(self.std),
             "num_classes": self.num_classes,
@@ -213,10 +217,12 @@ def _type_problems(c: ViTConfig) -> list[str]:
         "backbone_layers": (c.backbone_layers is None or _ints(c.backbone_layers), "a list of integers or null"),
         "stem_channels": (c.stem_channels is None or _ints(c.stem_channels), "a list of integers or null"),
         "stem_strides": (c.stem_strides is None or _ints(c.stem_strides), "a list of integers or null"),
+        "stem_pools": (c.stem_pools is None or _ints(c.stem_pools), "a list of integers or null"),
         "mean": (isinstance(c.mean, tuple) and all(_is_real(v) for v in c.mean), "a list of numbers"),
         "std": (isinstance(c.std, tuple) and all(_is_real(v) for v in c.std), "a list of numbers"),
         "interpolation": (isinstance(c.interpolation, str), text),
         "crop_pct": (_is_real(c.crop_pct), number),
+        "crop_mode": (isinstance(c.crop_mode, str), text),
         "label_names": (c.label_names is None or _strings(c.label_names), "a list of strings or null"),
         "name": (c.name is None or isinstance(c.name, str), "a string or null"),
     }
@@ -251,6 +257,8 @@ def _value_problems(c: ViTConfig) -> list[str]:
     p += [f"{k} must be in [0, 1), got {getattr(c, k)}" for k in _DROP_RATES if not 0 <= getattr(c, k) < 1]
     if not 0 < c.crop_pct <= 1:
         p.append(f"crop_pct must be in (0, 1], got {c.crop_pct}")
+    if c.crop_mode not in ("center", "squash"):
+        p.append(f"crop_mode must be 'center' or 'squash', got {_short(c.crop_mode)}")
     if c.global_pool not in ("token", "avg"):
         p.append(f"global_pool must be 'token' or 'avg', got {c.global_pool!r}")
     elif c.global_pool == "token" and not c.class_token:
@@ -281,14 +289,19 @@ def _stem_problems(c: ViTConfig) -> list[str]:
         if c.patch_size != 1:  # timm's hybrids fix it, and config.json does not store it for them
             return [f"a ResNet hybrid takes 1x1 patches of the feature map (patch_size=1), got {c.patch_size}"]
         return []
-    if c.stem_channels is None and c.stem_strides is None:
+    if c.stem_channels is None and c.stem_strides is None and c.stem_pools is None:
         return []
     channels, strides = c.stem_channels or (), c.stem_strides or ()
-    if len(channels) != len(strides):
-        return ["stem_channels and stem_strides go together, one stride per channel count"]
-    if not 1 <= len(channels) <= MAX_STEM_LAYERS or min(channels) < 1 or min(strides) < 1:
-        return [f"a conv stem needs 1..{MAX_STEM_LAYERS} layers, channels and strides >= 1, got {channels} / {strides}"]
-    cells = [-(-s // math.prod(strides)) for s in c.img_hw]  # each stride-s conv (padding 1) gives ceil(side / s)
+    pools = c.stem_pools or (1,) * len(channels)
+    if not len(channels) == len(strides) == len(pools):
+        return ["stem_channels, stem_strides (and stem_pools) go together, one stride (and pool) per channel count"]
+    if not 1 <= len(channels) <= MAX_STEM_LAYERS or min(channels) < 1 or min(strides) < 1 or min(pools) < 1:
+        return [
+            f"a conv stem needs 1..{MAX_STEM_LAYERS} layers, channels, strides and pools >= 1, got "
+            f"{channels} / {strides} / {pools}"
+        ]
+    # each stride-s conv (padding 1) and each size-p pool (ceil mode) gives ceil(side / s), ceil(side / p)
+    cells = [-(-s // (math.prod(strides) * math.prod(pools))) for s in c.img_hw]
     if c.patch_size >= 1 and any(n % c.patch_size for n in cells):
         return [f"the conv stem's {cells[0]}x{cells[1]} feature map is not a multiple of patch_size {c.patch_size}"]
     return []

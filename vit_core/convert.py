@@ -92,7 +92,8 @@ def transformers_config(
         num_heads=integer("num_attention_heads"),
         mlp_ratio=integer("intermediate_size") / D,
         qkv_bias=d.get("qkv_bias", True),
-        crop_pct=1.0,  # ViTImageProcessor resizes straight to the input size, no centre crop
+        crop_pct=1.0,  # ViTImageProcessor resizes straight to the input size (any aspect), no centre crop
+        crop_mode="squash",
         norm_eps=d.get("layer_norm_eps", 1e-12),
         mean=(0.5,) * channels,
         std=(0.5,) * channels,

@@ -161,30 +161,45 @@ def _norm(name: str, channels: int) -> dict[str, tuple[int, ...]]:
 
 
 class ConvNormAct(nn.Module):
-    """3x3 convolution (no bias), BatchNorm, ReLU."""
+    """3x3 convolution (no bias), an optional max pool, BatchNorm, ReLU.
 
-    def __init__(self, in_chs: int, out_chs: int, stride: int) -> None:
+    Pooling before the norm (as airbench, Jordan 2024) normalises the smaller map: same function,
+    a quarter of the BatchNorm and ReLU work at pool 2.
+    """
+
+    def __init__(self, in_chs: int, out_chs: int, stride: int, pool: int = 1) -> None:
         super().__init__()
         self.conv = nn.Conv2d(in_chs, out_chs, 3, stride=stride, padding=1, bias=False)
+        self.pool = pool
         self.norm = nn.BatchNorm2d(out_chs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.norm(self.conv(x)))
+        x = self.conv(x)
+        if self.pool > 1:
+            x = F.max_pool2d(x, self.pool, ceil_mode=True)
+        return F.relu(self.norm(x))
 
 
 class ConvStem(nn.Module):
     """A few 3x3 conv + BatchNorm + ReLU layers (Xiao et al. 2021, "Early Convolutions Help Transformers
     See Better"): the hybrid's CNN when the paper's ResNet-50 is far too big, e.g. for 32x32 images.
 
-    Each layer with stride 2 halves the resolution (padding 1: output side ceil(input / 2)). Local
+    Each layer with stride 2 or pool 2 halves the resolution (output side ceil(input / 2)). Local
     features and translation equivariance come from the convolutions, so the transformer on top trains
     fast on small data; the patch projection (a 1x1 convolution) then maps each cell to a token.
     """
 
-    def __init__(self, channels: tuple[int, ...], strides: tuple[int, ...], in_chans: int = 3) -> None:
+    def __init__(
+        self,
+        channels: tuple[int, ...],
+        strides: tuple[int, ...],
+        in_chans: int = 3,
+        pools: tuple[int, ...] | None = None,
+    ) -> None:
         super().__init__()
         ins = (in_chans, *channels[:-1])
-        self.layers = nn.Sequential(*(ConvNormAct(i, o, s) for i, o, s in zip(ins, channels, strides, strict=True)))
+        pools = pools or (1,) * len(channels)
+        self.layers = nn.Sequential(*map(ConvNormAct, ins, channels, strides, pools))
         self.out_chans = channels[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -203,6 +218,9 @@ class ConvStem(nn.Module):
         return s
 
     @staticmethod
-    def feature_maps(channels: tuple[int, ...], strides: tuple[int, ...]) -> list[tuple[int, int]]:
+    def feature_maps(
+        channels: tuple[int, ...], strides: tuple[int, ...], pools: tuple[int, ...] | None = None
+    ) -> list[tuple[int, int]]:
         """(channels, stride) of each layer's output."""
-        return [(c, math.prod(strides[: i + 1])) for i, c in enumerate(channels)]
+        steps = [s * p for s, p in zip(strides, pools or (1,) * len(strides), strict=True)]
+        return [(c, math.prod(steps[: i + 1])) for i, c in enumerate(channels)]

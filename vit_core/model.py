@@ -73,7 +73,7 @@ class PatchEmbed(nn.Module):
         if cfg.backbone_layers:
             self.backbone = ResNetV2Stem(cfg.backbone_layers, cfg.in_chans)
         elif cfg.stem_channels:
-            self.backbone = ConvStem(cfg.stem_channels, cfg.stem_strides, cfg.in_chans)
+            self.backbone = ConvStem(cfg.stem_channels, cfg.stem_strides, cfg.in_chans, cfg.stem_pools)
         in_dim = self.backbone.out_chans if self.backbone is not None else cfg.in_chans
         self.proj = nn.Conv2d(in_dim, cfg.embed_dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
         self.grid_size = cfg.grid_size
@@ -453,7 +453,7 @@ def _cnn_feature_maps(cfg: ViTConfig) -> list[tuple[int, int]]:
     if cfg.backbone_layers:
         return ResNetV2Stem.feature_maps(cfg.backbone_layers)
     if cfg.stem_channels:
-        return ConvStem.feature_maps(cfg.stem_channels, cfg.stem_strides)
+        return ConvStem.feature_maps(cfg.stem_channels, cfg.stem_strides, cfg.stem_pools)
     return []
 
 

@@ -218,7 +218,7 @@ def _read_idx(path: Path, magic: int) -> np.ndarray:
         raw = gzip.decompress(raw) if path.suffix == ".gz" else raw
     except FileNotFoundError as e:
         raise ImageDataError(
-            f"{path} not found. Point --data (or the VIT_DATA environment variable) at the folder holding "
+            f"{path} not found. Set the VIT_DATA environment variable to the folder holding "
             "mnist/, fashion-mnist/ and cifar10/"
         ) from e
     except (OSError, EOFError, zlib.error) as e:
@@ -252,7 +252,7 @@ def _load_cifar10(folder: Path, split: str) -> tuple[torch.Tensor, torch.Tensor,
         path = folder / name
         if not path.is_file():
             raise ImageDataError(
-                f"{path} not found. Point --data (or the VIT_DATA environment variable) at the folder holding "
+                f"{path} not found. Set the VIT_DATA environment variable to the folder holding "
                 "cifar10/ with data_batch_1..5.npz and test_batch.npz"
             )
         try:

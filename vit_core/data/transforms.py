@@ -46,11 +46,12 @@ def build_transform(
     pretrained_cfg: dict[str, Any], train: bool = False, *, augment: dict[str, Any] | None = None
 ) -> ImageTransform:
     """The model's preprocessing, from its ``pretrained_cfg`` (timm's dict: input_size, mean, std,
-    interpolation, crop_pct).
+    interpolation, crop_pct, crop_mode).
 
     Eval (``train=False``), as timm's ``create_transform(..., is_training=False)``: resize the shorter side to
-    ``input_size / crop_pct`` with the configured interpolation, center-crop to ``input_size``, scale to [0, 1],
-    normalise with mean/std. Channels follow ``input_size[0]`` (``to_model_mode``).
+    ``input_size / crop_pct`` with the configured interpolation (crop_mode "squash": both sides, ignoring the
+    aspect ratio), center-crop to ``input_size``, scale to [0, 1], normalise with mean/std. Channels follow
+    ``input_size[0]`` (``to_model_mode``).
 
     Train: ``augment`` keys (see ``AUGMENT_DEFAULTS``): ``crop`` "pad" (resize to the input size if the image
     differs, zero-pad, random crop back: the classic CIFAR/MNIST recipe), "rrc" (timm's
@@ -80,8 +81,9 @@ class ImageTransform:
         self.crop_pct = float(pretrained_cfg.get("crop_pct") or 0.875)  # timm's default
         if self.interpolation not in _INTERPOLATION:
             raise ValueError(f"interpolation {self.interpolation!r} unsupported; use one of {sorted(_INTERPOLATION)}")
-        if pretrained_cfg.get("crop_mode", "center") != "center":
-            raise ValueError(f"crop_mode {pretrained_cfg['crop_mode']!r} unsupported; only 'center'")
+        self.crop_mode = pretrained_cfg.get("crop_mode") or "center"
+        if self.crop_mode not in ("center", "squash"):
+            raise ValueError(f"crop_mode {self.crop_mode!r} unsupported; use 'center' or 'squash'")
         if len(self.mean) != self.in_chans or len(self.std) != self.in_chans:
             raise ValueError(f"mean/std need {self.in_chans} values for input_size {pretrained_cfg['input_size']}")
         if self.in_chans not in (1, 3):
@@ -128,7 +130,8 @@ class ImageTransform:
         if crop == "rrc":
             img = self._rrc(img) if isinstance(img, Image.Image) else torch.stack([self._rrc(x) for x in img])
         else:  # eval zooms by 1 / crop_pct like timm; train crops from the whole image
-            img = _resize_center_crop(img, self.size, self.crop_pct if not self.train else 1.0, self.interpolation)
+            crop_pct = self.crop_pct if not self.train else 1.0
+            img = _resize_center_crop(img, self.size, crop_pct, self.interpolation, self.crop_mode == "squash")
         x = TF.pil_to_tensor(img)[None] if isinstance(img, Image.Image) else img
 
         if self.train:
@@ -151,13 +154,13 @@ class ImageTransform:
     def crop_box(self, width: int, height: int) -> tuple[float, float, float, float]:
         """The region (left, top, right, bottom) of a ``width`` x ``height`` image that the eval transform keeps,
         in that image's pixels: where a relevance map over the model's input belongs on the original image."""
-        return _crop_region(height, width, self.size, self.crop_pct)[2]
+        return _crop_region(height, width, self.size, self.crop_pct, self.crop_mode == "squash")[2]
 
     def __repr__(self) -> str:
         aug = f", augment={self.augment}" if self.train else ""
         return (
             f"ImageTransform(train={self.train}, input_size={(self.in_chans, *self.size)}, "
-            f"interpolation={self.interpolation!r}, crop_pct={self.crop_pct}{aug})"
+            f"interpolation={self.interpolation!r}, crop_pct={self.crop_pct}, crop_mode={self.crop_mode!r}{aug})"
         )
 
 
@@ -219,10 +222,13 @@ def _resolve_augment(augment: dict[str, Any] | None, size: tuple[int, int]) -> d
     return a
 
 
-def _resized_size(h: int, w: int, size: tuple[int, int], crop_pct: float) -> tuple[int, int]:
+def _resized_size(h: int, w: int, size: tuple[int, int], crop_pct: float, squash: bool = False) -> tuple[int, int]:
     """timm's eval resize: shorter side to size / crop_pct (torchvision ``Resize(int)`` sizes, or timm's
-    ``ResizeKeepRatio`` for non-square sizes)."""
+    ``ResizeKeepRatio`` for non-square sizes); with ``squash`` (timm's crop_mode "squash") both sides to
+    size / crop_pct, whatever the aspect ratio: the whole photo is seen, stretched."""
     ch, cw = size
+    if squash:
+        return math.floor(ch / crop_pct), math.floor(cw / crop_pct)
     if ch == cw:
         s = math.floor(ch / crop_pct)
         return (int(s * h / w), s) if w <= h else (s, int(s * w / h))
@@ -230,10 +236,12 @@ def _resized_size(h: int, w: int, size: tuple[int, int], crop_pct: float) -> tup
     return round(h / ratio), round(w / ratio)
 
 
-def _crop_region(h: int, w: int, size: tuple[int, int], crop_pct: float) -> tuple[int, int, tuple[float, ...]]:
+def _crop_region(
+    h: int, w: int, size: tuple[int, int], crop_pct: float, squash: bool = False
+) -> tuple[int, int, tuple[float, ...]]:
     """What ``CenterCrop(size)`` keeps of the resized image: its (height, width) and the same region as a box
     (left, top, right, bottom) in the original image's pixels."""
-    sh, sw = _resized_size(h, w, size, crop_pct)
+    sh, sw = _resized_size(h, w, size, crop_pct, squash)
     ch, cw = size
     top = round((sh - ch) / 2.0) if sh > ch else 0  # torchvision's CenterCrop offsets
     left = round((sw - cw) / 2.0) if sw > cw else 0
@@ -242,13 +250,13 @@ def _crop_region(h: int, w: int, size: tuple[int, int], crop_pct: float) -> tupl
 
 
 def _resize_center_crop(
-    img: Image.Image | torch.Tensor, size: tuple[int, int], crop_pct: float, interpolation: str
+    img: Image.Image | torch.Tensor, size: tuple[int, int], crop_pct: float, interpolation: str, squash: bool = False
 ) -> Image.Image | torch.Tensor:
-    """timm's eval geometry: shorter side to size / crop_pct, then ``CenterCrop(size)`` (zero-padding if
-    smaller)."""
+    """timm's eval geometry: shorter side (``squash``: both sides) to size / crop_pct, then
+    ``CenterCrop(size)`` (zero-padding if smaller)."""
     h, w = (img.height, img.width) if isinstance(img, Image.Image) else img.shape[-2:]
     ch, cw = size
-    sh, sw = _resized_size(h, w, size, crop_pct)
+    sh, sw = _resized_size(h, w, size, crop_pct, squash)
     if isinstance(img, torch.Tensor):
         if (sh, sw) != (h, w):
             img = TF.resize(img, [sh, sw], interpolation=_INTERPOLATION[interpolation], antialias=True)
@@ -257,7 +265,7 @@ def _resize_center_crop(
         return TF.center_crop(img.resize((sw, sh), _PIL_RESAMPLE[interpolation]), [ch, cw])
     # Extreme aspect ratios (a 1x20000 strip would become 248x5 million pixels): resample only the region
     # the crop keeps. Same sampling positions and filter; only the rounding between PIL's two passes may differ.
-    oh, ow, box = _crop_region(h, w, size, crop_pct)
+    oh, ow, box = _crop_region(h, w, size, crop_pct, squash)
     img = img.resize((ow, oh), _PIL_RESAMPLE[interpolation], box=box)
     return img if (oh, ow) == (ch, cw) else TF.center_crop(img, [ch, cw])
 

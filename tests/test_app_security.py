@@ -1,0 +1,239 @@
+"""The public app under attack: ``python app.py`` driven with gradio_client, its Hub a local server
+(``tests/hub_server.py``) that serves the paper's B/16 as ``google/vit-base-patch16-224`` lays it out, and the
+repos an attacker would publish. Each attack gets a clear error within 5 s, the server stays up, its memory
+stays put, and the next person's request is answered on time."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+
+from tests.hub_server import FakeHub, _Handler, timm_vit_files, transformers_vit_files
+from webapp.catalog import BUNDLED_LABEL, imagenet_names
+
+ROOT = Path(__file__).resolve().parents[1]
+CAT = ROOT / "examples" / "cat_chelsea.jpg"
+B16 = "google/vit-base-patch16-224"
+SLOW = "mallory/slow-vit"  # the Hub takes SLOW_SECONDS to answer anything about it
+SLOW_SECONDS = 30
+TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2}
+CIFAR10 = {"airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"}
+HUGE = {"architecture": "vit_base_patch16_224", "num_classes": 1000,
+        "model_args": {"embed_dim": 16384, "depth": 64, "num_heads": 16}}  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def hub() -> Iterator[FakeHub]:
+    """The local Hub: the paper's B/16 (tiny, random, transformers layout), a repo declaring a 206 G-parameter
+    model next to 1 KB of weights, and a repo whose every request takes SLOW_SECONDS."""
+    original = _Handler._dispatch
+
+    def dispatch(self, method: str) -> None:
+        if SLOW in self.path:
+            time.sleep(SLOW_SECONDS)
+        original(self, method)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_Handler, "_dispatch", dispatch)
+        server = FakeHub().start()
+        server.add_repo(B16, transformers_vit_files(dict(enumerate(imagenet_names()))))
+        huge = {"config.json": json.dumps(HUGE).encode(), "model.safetensors": bytes(1024)}
+        server.add_repo("mallory/huge-vit", huge)
+        server.add_repo(SLOW, timm_vit_files("vit_tiny_patch16_224", "x", TINY))
+        yield server
+        server.stop()
+
+
+class App:
+    """``python app.py ARGS`` on a free port, its Hub at ``endpoint``, its log in a file."""
+
+    def __init__(self, tmp: Path, endpoint: str, *args: str) -> None:
+        self.port, self.log = _free_port(), tmp / "app.log"
+        env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1"}
+        env |= {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp / "hf"), "HF_HUB_DISABLE_XET": "1"}
+        env["GRADIO_TEMP_DIR"] = str(tmp / "gradio")
+        env.pop("HF_HUB_OFFLINE", None)
+        cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(self.port), "--concurrency", "1", *args]
+        self.url = f"http://127.0.0.1:{self.port}/"
+        for _ in range(3):  # Gradio gives up on a server that does not answer its own check within 3 s
+            with self.log.open("w") as out:
+                self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            deadline = time.time() + 600  # a machine shared with other jobs can take minutes to import torch
+            while time.time() < deadline and self.proc.poll() is None:
+                try:
+                    self.client = Client(self.url, verbose=False, max_workers=100, httpx_kwargs={"timeout": 300})
+                    return
+                except Exception:
+                    time.sleep(1)
+            if "localhost is not accessible" not in self.log.read_text():
+                break
+        self.stop()
+        pytest.fail(f"app did not start:\n{self.log.read_text()}")
+
+    def classify(self, model_choice: str | None = None):
+        """/classify of the cat photo; a model still loading is asked for again (a request waits 1 s)."""
+        kwargs = {} if model_choice is None else {"model_choice": model_choice}
+        deadline = time.time() + 120
+        while True:
+            try:
+                return self.client.predict(handle_file(str(CAT)), api_name="/classify", **kwargs)
+            except AppError as e:
+                if "still loading" not in str(e) or time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def refused(self, model_choice: str) -> str:
+        with pytest.raises(AppError) as e:
+            self.classify(model_choice)
+        return str(e.value)
+
+    def within(self, seconds: float) -> float:
+        """``seconds`` (the bound a test asserts), or five normal requests' time if that is longer: on a
+        machine shared with other jobs one request alone can take seconds, and an attack that holds the
+        server up costs far more than either (a 30 s Hub, a model built from a 800 GB config...)."""
+        t0 = time.perf_counter()
+        self.classify()
+        return max(seconds, 5 * (time.perf_counter() - t0))
+
+    @property
+    def rss_mb(self) -> float:
+        return _rss_mb(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def app(hub, tmp_path_factory) -> Iterator[App]:
+    """As a developer runs it: on 127.0.0.1 (free text allowed), ``--model auto`` (the default), one request
+    computed at once."""
+    a = App(tmp_path_factory.mktemp("local"), hub.url)
+    yield a
+    a.stop()
+
+
+def _upload(app: App, path: Path) -> str:
+    """Upload a file as the image input does; the server path it returns."""
+    with path.open("rb") as f:
+        r = httpx.post(f"{app.url}gradio_api/upload", files={"files": (path.name, f)}, timeout=60)
+    r.raise_for_status()
+    return r.json()[0]
+
+
+def _npz_bomb(path: Path) -> Path:
+    """A ViT-looking npz whose array headers declare 10 GB, in a few hundred bytes."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (50000, 50000)})
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("embedding/kernel.npy", header.getvalue())
+    return path
+
+
+def test_auto_serves_the_papers_b16_from_the_hub(app):
+    labels, *_ = app.classify()
+    names = set(imagenet_names())
+    assert labels["label"] in names and {c["label"] for c in labels["confidences"]} <= names
+    assert "startup model: ViT-B/16 (ImageNet" in app.log.read_text()
+
+
+def test_a_huge_declared_model_is_refused_quickly_and_costs_no_memory(app):
+    limit = app.within(5)
+    before = app.rss_mb
+    t0 = time.perf_counter()
+    message = app.refused("mallory/huge-vit")
+    assert time.perf_counter() - t0 < limit
+    assert re.search(r"declares [\d,]+ parameters", message) and "this server loads at most" in message
+    assert not re.search(r"(?<![\w:/])/(tmp|root|home|work)\b", message)  # no server paths
+    assert app.rss_mb - before < 300
+    assert app.classify()[0]["confidences"]  # still serving
+
+
+def test_an_uploaded_file_is_never_a_model(app, tmp_path):
+    server_path = _upload(app, _npz_bomb(tmp_path / "ViT-B_16.npz"))
+    assert Path(server_path).is_file()  # the attacker knows where it is...
+    before = app.rss_mb
+    message = app.refused(server_path)  # ...and sends it as the model
+    assert "Uploaded files cannot be used as models." in message and server_path not in message
+    assert app.rss_mb - before < 300
+
+
+def test_the_next_request_is_not_held_up_by_a_slow_load(app):
+    limit = app.within(2)
+    attacker = app.client.submit(handle_file(str(CAT)), model_choice=SLOW, api_name="/classify")
+    time.sleep(0.2)  # the attacker's request is the one being computed
+    t0 = time.perf_counter()
+    labels, *_ = app.classify()
+    assert time.perf_counter() - t0 < limit and labels["confidences"]
+    with pytest.raises(AppError, match="still loading"):
+        attacker.result(timeout=30)
+
+
+def test_failed_loads_are_answered_from_memory(app):
+    first = app.refused("nobody/no-such-vit")
+    assert "Could not load 'nobody/no-such-vit'" in first
+    assert app.refused("hf-hub:nobody/no-such-vit@main") == first
+    assert app.log.read_text().count("nobody/no-such-vit") >= 2  # one log line per handled error
+    assert "Traceback" not in app.log.read_text()
+
+
+def test_a_burst_beyond_the_queue_gets_busy_and_memory_returns(app):
+    for _ in range(3):
+        app.classify()
+    baseline = app.rss_mb
+    jobs = [app.client.submit(handle_file(str(CAT)), api_name="/classify") for _ in range(100)]
+    served, busy = 0, 0
+    for job in jobs:
+        try:
+            served += bool(job.result(timeout=300)[0]["confidences"])
+        except Exception as e:
+            assert "Queue is full" in str(e), repr(e)
+            busy += 1
+    assert busy > 0 and served > 0 and served + busy == 100
+    time.sleep(2)
+    assert app.rss_mb < 1.1 * baseline, f"RSS {app.rss_mb:.0f} MB after the burst vs {baseline:.0f} MB before"
+
+
+def test_public_mode_serves_only_its_list(hub, tmp_path):
+    """``--public`` (as on a Space): the picker takes no free text, folders are refused alike whether or not
+    they exist, uploads are never models, the listed models load."""
+    app = App(tmp_path, hub.url, "--public")
+    try:
+        upload = _upload(app, _npz_bomb(tmp_path / "evil.npz"))
+        messages = {text: app.refused(text) for text in (str(ROOT / "models"), "/no/such/dir", "~/.ssh", upload)}
+        assert len({m.replace(t, "<choice>") for t, m in messages.items()}) == 1, messages
+        assert app.refused("nobody/vit").replace("nobody/vit", "<choice>") == next(iter(messages.values())).replace(
+            str(ROOT / "models"), "<choice>"
+        )
+        assert app.classify(BUNDLED_LABEL)[0]["label"] in CIFAR10
+        assert app.classify(B16)[0]["label"] in set(imagenet_names())
+    finally:
+        app.stop()

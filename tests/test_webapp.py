@@ -1,0 +1,291 @@
+"""The app's server side without a server: the cached forward pass, the patch explorer's geometry and rows,
+the settings checks, batch uploads (zip safety included), and what the app says about a model."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+import vit_core
+from vit_core import explain
+from vit_core.data import build_transform
+from webapp import analysis, batch, explorer, model_info
+from webapp.analysis import Analysis, AnalysisCache, Settings, analyse, parse_settings
+
+CPU = torch.device("cpu")
+
+
+def _model(**kw) -> vit_core.VisionTransformer:
+    torch.manual_seed(0)
+    base = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5, crop_pct=0.9)
+    return vit_core.create_model(vit_core.ViTConfig(**{**base, **kw})).eval()
+
+
+MODELS = {
+    "token": dict(),
+    "avg": dict(global_pool="avg", class_token=False),
+    "non-square": dict(img_size=(32, 48)),
+    "hybrid": dict(patch_size=1, stem_channels=(8, 16), stem_strides=(2, 2), global_pool="avg", class_token=False),
+    "grey": dict(in_chans=1, mean=(0.5,), std=(0.5,), embed_dim=16, num_heads=2),
+}
+
+
+def _photo(tmp_path: Path, size=(90, 60), name="photo.png") -> str:
+    torch.manual_seed(1)
+    pixels = (torch.rand(size[1], size[0], 3) * 255).to(torch.uint8).numpy()
+    path = tmp_path / name
+    Image.fromarray(pixels).save(path)
+    return str(path)
+
+
+def _analysis(tmp_path: Path, kind: str, size=(90, 60)) -> Analysis:
+    model = _model(**MODELS[kind])
+    return analyse(model, build_transform(model.pretrained_cfg), kind, _photo(tmp_path, size), CPU)
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_cached_maps_are_the_librarys_maps(tmp_path, kind):
+    a = _analysis(tmp_path, kind)
+    x = a.x
+    s = Settings(head_fusion="max", discard_ratio=0.5)
+    expected = explain.attention_rollout(a.model, x, head_fusion="max", discard_ratio=0.5)[0]
+    torch.testing.assert_close(analysis.relevance(a, s, CPU), expected)
+    raw = Settings(method="Raw attention", layer=0, head=1)
+    torch.testing.assert_close(analysis.relevance(a, raw, CPU), explain.attention_maps(a.model, x, 0, 1)[0])
+    grad = Settings(method="Gradient rollout", target=2)
+    torch.testing.assert_close(analysis.relevance(a, grad, CPU), explain.gradient_rollout(a.model, x, 2)[0])
+    assert list(a.gradient) == [2]  # cached per class
+
+
+def test_analyses_are_cached_by_content_and_bounded(tmp_path):
+    model = _model()
+    tf = build_transform(model.pretrained_cfg)
+    first = analyse(model, tf, "m", _photo(tmp_path, name="a.png"), CPU)
+    assert analyse(model, tf, "m", _photo(tmp_path, name="b.png"), CPU) is first  # same bytes, other name
+    assert analyse(model, tf, "other model", _photo(tmp_path, name="a.png"), CPU) is not first
+    cache = AnalysisCache(max_entries=2)
+    for i in range(3):
+        cache.get_or_compute(("m", str(i)), lambda: first)
+    assert list(cache._items) == [("m", "1"), ("m", "2")]
+    tiny = AnalysisCache(max_bytes=1)  # always keeps the newest, whatever its size
+    tiny.get_or_compute(("m", "0"), lambda: first)
+    tiny.get_or_compute(("m", "1"), lambda: first)
+    assert list(tiny._items) == [("m", "1")]
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_points_map_to_the_patch_under_them_in_the_crop(tmp_path, kind):
+    a = _analysis(tmp_path, kind, size=(120, 70))
+    left, top, right, bottom = a.crop
+    gh, gw = a.grid
+    h, w = a.x.shape[-2:]
+    stride = a.model.config.feature_stride
+    assert (gh, gw) == (-(-h // stride), -(-w // stride))
+    corner = explorer.patch_at(a, left + 0.01, top + 0.01)
+    assert (corner.row, corner.col, corner.token) == (0, 0, a.model.num_prefix_tokens)
+    far = explorer.patch_at(a, right - 0.01, bottom - 0.01)
+    assert (far.row, far.col) == (gh - 1, gw - 1)
+    assert far.token == a.model.num_prefix_tokens + gh * gw - 1
+    # the centre of cell (r, c) of the input maps back to (r, c)
+    for r, c in [(0, gw - 1), (gh - 1, 0), (gh // 2, gw // 2)]:
+        fx, fy = min((c + 0.5) * stride, w - 0.5) / w, min((r + 0.5) * stride, h - 0.5) / h
+        p = explorer.patch_at(a, left + fx * (right - left), top + fy * (bottom - top))
+        assert (p.row, p.col) == (r, c)
+        l, t, rr, b = p.cell
+        assert l <= fx <= rr and t <= fy <= b
+    assert explorer.patch_at(a, left - 1, top + 1) is None
+    assert explorer.patch_at(a, left + 1, bottom + 1) is None
+
+
+def test_view_pixels_map_to_upload_pixels(tmp_path):
+    a = _analysis(tmp_path, "avg", size=(1600, 900))  # the view is shrunk to VIEW_SIDE
+    view = explorer.view(a)
+    assert max(view.size) == explorer.VIEW_SIDE
+    x, y = explorer.from_view(a, view.width / 2, view.height / 2)
+    assert abs(x - 800) < 2 and abs(y - 450) < 2
+
+
+def test_patch_rows(tmp_path):
+    a = _analysis(tmp_path, "token")
+    p = explorer.patch_at(a, 45, 30)
+    attn = a.attentions[1][0]
+    row = explorer.attention_row(a, p, layer=1, head=2)
+    torch.testing.assert_close(row.flatten(), attn[2, p.token, 1:])
+    torch.testing.assert_close(explorer.attention_row(a, p, 1, None).flatten(), attn.mean(0)[p.token, 1:])
+    # The rollout row of the class token is the library's attention rollout (the read-out row).
+    cls = explorer.Patch(0, 0, p.grid, 0, (0, 0, 1, 1))
+    for fusion, discard in [("mean", 0.0), ("min", 0.3)]:
+        expected = explain.attention_rollout(a.model, a.x, head_fusion=fusion, discard_ratio=discard)[0]
+        torch.testing.assert_close(explorer.rollout_row(a, cls, fusion, discard), expected)
+    # A patch's rollout row is its row of the full product (A_L + I)/n ... (A_1 + I)/n.
+    R = torch.eye(attn.shape[-1])
+    for layer_attn in a.attentions:
+        m = layer_attn[0].mean(0) + torch.eye(attn.shape[-1])
+        R = (m / m.sum(-1, keepdim=True)) @ R
+    expected = R[p.token, 1:] / R[p.token, 1:].max()
+    torch.testing.assert_close(explorer.rollout_row(a, p, "mean", 0.0).flatten(), expected)
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_explore_draws_every_head(tmp_path, kind):
+    a = _analysis(tmp_path, kind)
+    s = parse_settings(a.model, layer=-1, head="0")
+    first, rollout, heads, text = explorer.explore(a, explorer.patch_at(a, 45, 30), s)
+    assert max(first.size) >= explorer.SIDE and first.size == rollout.size
+    per_row = min(a.model.config.num_heads, 4)
+    assert heads.width > per_row * explorer.TILE
+    assert "token grid" in text and f"layer {a.model.config.depth - 1}" in text
+
+
+def test_settings_are_checked():
+    model = _model()
+    s = parse_settings(model, "Raw attention", "3", layer=-2, head="3", discard_ratio=0.5, opacity=1)
+    assert (s.layer, s.head, s.target, s.discard_ratio) == (0, 3, 3, 0.5)
+    assert parse_settings(model).target is None and parse_settings(model, head="mean").head is None
+    bad = [
+        dict(method="Saliency"),
+        dict(target="zebra"),
+        dict(layer=2),
+        dict(layer=-3),
+        dict(layer=0.5),
+        dict(layer="x"),
+        dict(head="4"),
+        dict(head="-1"),
+        dict(head_fusion="median"),
+        dict(discard_ratio=1.0),
+        dict(opacity=-0.1),
+        dict(opacity="nan"),
+    ]
+    for kw in bad:
+        with pytest.raises(ValueError):
+            parse_settings(model, **kw)
+    assert analysis.check_top_k(50, 5) == 5
+    for k in (0, -1, "x", 2.5):
+        with pytest.raises(ValueError):
+            analysis.check_top_k(k, 5)
+
+
+def test_compare_scores_every_method_and_the_centre_baseline(tmp_path):
+    a = _analysis(tmp_path, "avg")
+    seen = []
+    scored = analysis.compare(a, Settings(), CPU, lambda f, desc: seen.append(f))
+    assert [n for n, *_ in scored] == [*analysis.METHODS, analysis.CENTRE]
+    for _, heat, deletion, insertion in scored:
+        assert heat.shape == a.grid and 0 <= deletion <= 1 and 0 <= insertion <= 1
+    assert seen == [0, 0.25, 0.5, 0.75]
+
+
+def test_parameter_counts_read_well():
+    cases = {0: "0", 999: "999", 1000: "1.0K", 7930: "7.9K", 9960: "10K", 208_842: "209K", 999_600: "1.0M",
+             1_343_914: "1.3M", 86_567_656: "87M", 632_000_000: "632M", 2_500_000_000: "2.5B"}  # fmt: skip
+    assert {n: model_info.format_count(n) for n in cases} == cases
+
+
+def test_low_confidence_reads_as_a_guess():
+    names = ["cat", "dog", "ship"]
+    assert model_info.verdict(torch.tensor([0.8, 0.15, 0.05]), names) == "cat (80%)"
+    assert model_info.verdict(torch.tensor([0.4, 0.35, 0.25]), names) == "Not sure — maybe cat (40%) or dog (35%)"
+    assert "3 classes" in model_info.facts(_model(num_classes=3, label_names=("a", "b", "c")))
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_inspect_works_for_any_model(tmp_path, kind):
+    model = _model(**MODELS[kind])
+    x = build_transform(model.pretrained_cfg)(Image.open(_photo(tmp_path)))[None]
+    filters, similarity, distance = model_info.inspect_figures(model, x, CPU)
+    assert min(filters.size + similarity.size + distance.size) > 100
+    text = model_info.summary(model, None)
+    assert text.startswith("| Property | Value |\n|---|---|\n| Variant |")
+    assert "hybrid" in text if kind == "hybrid" else "image patches" in text
+
+
+def test_model_card_images_are_inlined_and_confined(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    Image.new("RGB", (4, 4), "red").save(folder / "curves.png")
+    Image.new("RGB", (4, 4), "red").save(tmp_path / "secret.png")
+    (folder / "README.md").write_text(
+        "---\nlicense: x\n---\n# card\n![curves](curves.png) ![out](../secret.png) ![web](https://x.org/a.png)"
+    )
+    text = model_info.summary(_model(), folder)
+    assert "![curves](data:image/png;base64," in text
+    assert "![out](../secret.png)" in text and "![web](https://x.org/a.png)" in text
+
+
+# -------------------------------------------------------------------------------------------- batch
+
+
+def _png_bytes(colour="red") -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), colour).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_batch_reads_images_and_zips_safely(tmp_path):
+    archive = tmp_path / "photos.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("a/one.png", _png_bytes())
+        z.writestr("../../escape.png", _png_bytes("blue"))  # a name only: nothing is extracted
+        z.writestr("notes.txt", "not an image")
+        z.writestr("__MACOSX/.hidden.png", b"junk")
+        z.writestr("broken.jpg", b"not really a jpeg")
+        z.writestr("folder/", b"")
+    single = tmp_path / "single.png"
+    single.write_bytes(_png_bytes("green"))
+    items = batch.read_uploads([str(archive), str(single)])
+    assert [i.name for i in items] == [
+        "photos.zip/a/one.png", "photos.zip/../../escape.png", "photos.zip/broken.jpg", "single.png"
+    ]  # fmt: skip
+    assert [i.image is not None for i in items] == [True, True, False, True]
+    assert "photos.zip/broken.jpg" in items[2].error
+    assert not (tmp_path.parent / "escape.png").exists()
+    with pytest.raises(ValueError, match="Upload"):
+        batch.read_uploads([])
+
+    model = _model(label_names=("a", "b", "c", "d", "e"))
+    tf = build_transform(model.pretrained_cfg)
+    gallery = batch.classify_batch(model, tf, items, Settings(), CPU)
+    assert len(gallery) == 3 and gallery[0][1].startswith("photos.zip/a/one.png: ")
+    rows = batch.write_csv(items, list(model.label_names), top_k=2).read_text().splitlines()
+    assert rows[0] == "file,prediction,unsure,class_1,p_1,class_2,p_2,error"
+    assert len(rows) == 5 and rows[3].startswith("photos.zip/broken.jpg,,,") and "not an image" in rows[3]
+
+
+def test_batch_caps_images_and_bytes(tmp_path, monkeypatch):
+    many = tmp_path / "many.zip"
+    with zipfile.ZipFile(many, "w") as z:
+        for i in range(batch.MAX_IMAGES + 5):
+            z.writestr(f"{i}.png", _png_bytes())
+    items = batch.read_uploads([str(many)])
+    assert sum(i.image is not None for i in items) == batch.MAX_IMAGES
+    assert "at most" in items[-1].error
+
+    # A bomb: 64 MB of zeros deflates to about 64 KB; the declared size is over the per-image limit.
+    monkeypatch.setattr(batch, "MAX_IMAGE_BYTES", 1 << 20)
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("zeros.png", bytes(64 << 20))
+    assert bomb.stat().st_size < 1 << 20
+    (item,) = batch.read_uploads([str(bomb)])
+    assert item.image is None and "uncompressed" in item.error
+
+    # A member whose header understates its size is cut off while reading, not trusted.
+    liar = tmp_path / "liar.zip"
+    with zipfile.ZipFile(liar, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("big.png", bytes(4 << 20))
+    data = bytearray(liar.read_bytes())
+    for sig, offset in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):  # uncompressed size in both headers
+        at = data.index(sig)
+        data[at + offset : at + offset + 4] = (1000).to_bytes(4, "little")
+    liar.write_bytes(bytes(data))
+    (item,) = batch.read_uploads([str(liar)])
+    assert item.image is None and item.error
+
+    monkeypatch.setattr(batch, "MAX_MEMBERS", 3)
+    (item,) = batch.read_uploads([str(many)])
+    assert "entries" in item.error

@@ -1,0 +1,39 @@
+"""CIFAR-10 from scratch on a 2-core CPU: a hybrid ViT (paper section 3.1) whose CNN does most of the work.
+
+The CNN is the first two blocks of airbench (Jordan 2024, the fastest known CIFAR-10 trainer): 3x3 conv
++ max pool + BatchNorm + ReLU layers, 64 then 256 channels, stride 4 by pooling, so the convolutions run
+at 32x32 and 16x16 before shrinking. Its 8x8 feature map gives one token per cell (1x1 patches, as the
+paper's R50 hybrids) to 2 transformer blocks of width 192 that replace airbench's third block. Same cost
+per image as `cifar10_hybrid`, more of it in convolutions. The app's bundled default model.
+"""
+
+recipe = dict(
+    model_args=dict(
+        img_size=32,
+        patch_size=1,
+        stem_channels=(64, 64, 256, 256),
+        stem_strides=(1, 1, 1, 1),
+        stem_pools=(2, 1, 2, 1),
+        embed_dim=192,
+        depth=2,
+        num_heads=3,
+        mlp_ratio=2.0,
+        global_pool="avg",
+        class_token=False,
+        mean=(0.4914, 0.4822, 0.4465),
+        std=(0.2470, 0.2435, 0.2616),
+        crop_pct=1.0,
+        interpolation="bicubic",
+    ),
+    data="cifar10",
+    augment=dict(crop="pad", padding=4, hflip=True),
+    label_smoothing=0.1,
+    epochs=16,
+    batch_size=128,
+    opt="adamw",
+    lr=2e-3,
+    weight_decay=0.05,
+    warmup_epochs=1,
+    min_lr=1e-5,
+    grad_clip=1.0,
+)

@@ -1,0 +1,164 @@
+"""Which checkpoint a picker value names, under one canonical key, and whether web users may load it.
+
+Every spelling of one checkpoint gets one key, so the cache holds one copy: local paths by their real
+path (``d``, ``d/``, ``d/.``, ``./d``, symlinks), Hub repos by repo and revision (``org/m``, ``hf-hub:org/m``,
+``org/m@main``). Web users pick from the operator's list; free text (any folder or Hub id) only when the
+operator allows it. Files under Gradio's upload folders are never models: an upload's server path is
+known to whoever uploaded it. Refusals never say whether a path exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradio.utils import get_cache_folder, get_upload_folder
+
+from .catalog import BUNDLED, BUNDLED_LABEL, CURATED, ROOT, run_folders
+
+PUBLIC_ROOTS = (ROOT / "models", ROOT / "runs")  # the only local folders public mode serves
+NOT_SERVED = "This app serves only the models in its list: choose one of them."
+UPLOADED = "Uploaded files cannot be used as models."
+_NAME = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?"  # a Hub user or repo name, as vit_core.hub reads it
+_HUB_ID = re.compile(rf"(?:hf-hub:)?(?P<repo>{_NAME}/{_NAME})(?P<file>/[^@]+)?(?:@(?P<rev>.+))?")
+
+
+class ModelError(Exception):
+    """A model that cannot be served. ``str(e)`` is for the person who asked (short, no server paths);
+    ``detail`` is for the server log."""
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail or message
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A checkpoint as the picker offers it and as ``vit_core.from_pretrained`` loads it."""
+
+    value: str  # what the picker sends
+    label: str  # what the picker shows, and what messages call it
+    source: str  # for from_pretrained: an absolute real path, or a Hub repo id (+ "/file.npz")
+    revision: str | None  # Hub revision, None for local checkpoints
+    key: str  # canonical: one per checkpoint, whatever the spelling
+
+    @property
+    def local(self) -> bool:
+        return self.revision is None
+
+    def relabel(self, value: str, label: str) -> Choice:
+        return Choice(value, label, self.source, self.revision, self.key)
+
+
+def parse(text: str) -> Choice | None:
+    """The checkpoint ``text`` names, with its canonical key, or None when it names none. An existing
+    local path wins over a Hub id, as in ``vit_core.from_pretrained``."""
+    text = text.strip()
+    try:
+        path = Path(text).expanduser()
+        exists = bool(text) and path.exists()
+    except (OSError, ValueError):  # NUL bytes, names too long...
+        return None
+    if exists:
+        real = os.path.realpath(path)
+        return Choice(text, text, real, None, f"local:{real}")
+    m = _HUB_ID.fullmatch(text)
+    if m is None:
+        return None
+    revision = m["rev"] or "main"
+    source = m["repo"] + (m["file"] or "").rstrip("/")
+    return Choice(text, text, source, revision, f"hub:{source}@{revision}")
+
+
+def _within(path: str, roots: list[Path]) -> bool:
+    return any(Path(path).is_relative_to(root) for root in roots)
+
+
+def upload_roots() -> list[Path]:
+    """Where Gradio keeps uploads and cached files, lexically and resolved (the temp dir may be a symlink)."""
+    folders = [Path(get_upload_folder()), Path(tempfile.gettempdir()) / "gradio", ROOT / get_cache_folder()]
+    return list({p for f in folders for p in (Path(os.path.abspath(f)), Path(os.path.realpath(f)))})
+
+
+def is_upload(text: str) -> bool:
+    """Whether ``text`` points into Gradio's upload or cache folders, checked before and after resolving
+    links, so the answer is the same whether or not the file exists."""
+    try:
+        path = Path(text.strip()).expanduser()
+        roots = upload_roots()
+        return _within(os.path.abspath(path), roots) or _within(os.path.realpath(path), roots)
+    except (OSError, ValueError):
+        return False
+
+
+class Access:
+    """The operator's list of models and the rule for everything else.
+
+    ``listed``: the picker's choices, in order. ``allow_any``: web users may also type any folder or Hub
+    id. ``public``: local folders are served only from the project's ``models/`` and ``runs/``.
+    """
+
+    def __init__(self, listed: list[Choice], allow_any: bool, public: bool) -> None:
+        self.allow_any, self.public = allow_any, public
+        self.listed: list[Choice] = []
+        for choice in listed:
+            self.add(choice)
+
+    def add(self, choice: Choice, first: bool = False) -> None:
+        """List ``choice`` once per key (``first``: moved to the top); in public mode local folders only
+        under models/ or runs/."""
+        if self.public and choice.local and not _within(choice.source, [r.resolve() for r in PUBLIC_ROOTS]):
+            raise ModelError(f"{choice.value}: public mode serves local folders only from models/ and runs/")
+        listed = next((c for c in self.listed if c.key == choice.key), None)
+        if listed is not None:
+            if not first:
+                return
+            self.listed.remove(listed)
+            choice = listed
+        self.listed.insert(0 if first else len(self.listed), choice)
+
+    def resolve(self, text: str) -> Choice:
+        """The listed choice ``text`` names (by value, label or any spelling), or in allow-any mode the
+        checkpoint it names; otherwise ModelError, with one message whatever the text points at."""
+        text = (text or "").strip()
+        if not text:
+            raise ModelError("Choose a model first.")
+        for choice in self.listed:
+            if text in (choice.value, choice.label):
+                return choice
+        if is_upload(text):
+            raise ModelError(UPLOADED)
+        parsed = parse(text)
+        listed = next((c for c in self.listed if parsed is not None and c.key == parsed.key), None)
+        if listed is not None:
+            return listed
+        if not self.allow_any:
+            raise ModelError(NOT_SERVED)
+        if parsed is None:
+            raise ModelError("Give a model folder or a Hub repo id ('owner/name'), or choose one from the list.")
+        return parsed
+
+
+def default_choices(public: bool) -> list[Choice]:
+    """The operator's list when none is given: the bundled model, the curated Hub checkpoints and (not in
+    public mode) the run folders."""
+    names = [BUNDLED_LABEL, *(c.repo for c in CURATED), *([] if public else run_folders())]
+    return [operator_choice(name) for name in names]
+
+
+def operator_choice(text: str) -> Choice:
+    """A model the operator named (``--model``, ``--models``): "bundled", a curated repo (shown with its
+    size), a folder (relative to the project when it is there, as run folders are listed) or a Hub id."""
+    text = text.strip()
+    if text in ("bundled", BUNDLED_LABEL):
+        real = os.path.realpath(BUNDLED)
+        return Choice(BUNDLED_LABEL, BUNDLED_LABEL, real, None, f"local:{real}")
+    in_project = parse(str(ROOT / text)) if not Path(text).is_absolute() else None
+    parsed = in_project.relabel(text, text) if in_project is not None and in_project.local else parse(text)
+    if parsed is None:
+        raise ModelError(f"{text!r} is neither a folder nor a Hub repo id ('owner/name')")
+    curated = next((c for c in CURATED if parsed.key == f"hub:{c.repo}@main"), None)
+    return parsed.relabel(curated.repo, curated.label) if curated is not None else parsed

@@ -1,0 +1,319 @@
+"""One image through one model, computed once and reused by every view.
+
+Changing the opacity, the method, the layer or head, clicking a patch or comparing methods all start from the
+same forward pass: the decoded image, the model input, the probabilities and every block's attention. An
+``Analysis`` holds them; ``ANALYSES`` keeps the recent ones (keyed by model and the upload's SHA-256, bounded
+in bytes), so a settings change costs a map and a picture, not a decode and a forward pass. Cached tensors
+live on the CPU: on a ZeroGPU Space the GPU is attached only for the duration of one call.
+
+Maps come from ``vit_core.explain`` itself, run on the cached attentions through ``_Replay``, so the app
+shows exactly what the library computes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
+
+import torch
+from PIL import Image
+from torch import nn
+
+from vit_core import VisionTransformer, explain
+from vit_core.data import load_image
+
+METHODS = ("Attention rollout", "Gradient rollout", "Raw attention")
+PREDICTED = "(predicted class)"
+MAX_SIDE = 2048  # overlays of larger images are drawn on a copy downscaled to this long side
+MAX_PIXELS = 50_000_000  # larger uploads are refused before decoding (decompression bombs)
+Box = tuple[int, int, int, int]
+
+
+def autocast(device: torch.device) -> AbstractContextManager:
+    """bf16 (fp16 on older GPUs) on CUDA, full precision on the CPU."""
+    if device.type == "cuda":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.autocast("cuda", dtype=dtype)
+    return nullcontext()
+
+
+@dataclass
+class Analysis:
+    """An upload and the model's forward pass on it."""
+
+    model: VisionTransformer
+    shown: Image.Image  # the upload, upright RGB, downscaled to MAX_SIDE: what overlays are drawn on
+    size: tuple[int, int]  # the upload's own (width, height): API coordinates are in these pixels
+    crop: tuple[float, float, float, float]  # region the model saw, in the upload's pixels
+    x: torch.Tensor  # (1, C, H, W) model input, CPU
+    probs: torch.Tensor  # (num_classes,) float32, CPU
+    attentions: list[torch.Tensor]  # per block (1, heads, T, T) float32, CPU
+    gradient: dict[int, torch.Tensor] = field(default_factory=dict)  # gradient rollout map per target class
+
+    @property
+    def box(self) -> Box:
+        """The region the model saw, in ``shown``'s pixels."""
+        s = self.shown.width / self.size[0]
+        return tuple(round(v * s) for v in self.crop)  # type: ignore[return-value]
+
+    @property
+    def names(self) -> list[str]:
+        return self.model.class_names
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        stride = self.model.config.feature_stride
+        return -(-self.x.shape[-2] // stride), -(-self.x.shape[-1] // stride)
+
+    def nbytes(self) -> int:
+        tensors = [self.x, self.probs, *self.attentions, *self.gradient.values()]
+        return sum(t.numel() * t.element_size() for t in tensors) + 3 * self.shown.width * self.shown.height
+
+
+class _Replay(nn.Module):
+    """Stands in for the model in ``vit_core.explain``: its forward returns the cached logits and attentions
+    instead of running the network, so the library's maps run on a forward pass computed once."""
+
+    def __init__(self, a: Analysis) -> None:
+        super().__init__()
+        self.model, self._a = a.model, a
+        self.num_prefix_tokens = a.model.num_prefix_tokens
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.model.blocks
+
+    def forward(self, images: torch.Tensor, return_attention: bool = False):
+        logits = self._a.probs.log()[None]  # same argmax and softmax as the logits
+        return (logits, self._a.attentions) if return_attention else logits
+
+
+class AnalysisCache:
+    """Recent analyses, least recently used dropped first, bounded in count and bytes; thread-safe."""
+
+    def __init__(self, max_entries: int = 32, max_bytes: int = 256 << 20) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._items: OrderedDict[tuple[str, str], Analysis] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_or_compute(self, key: tuple[str, str], compute: Callable[[], Analysis]) -> Analysis:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        a = compute()  # outside the lock: other requests go on meanwhile (a duplicate is harmless)
+        with self._lock:
+            self._items[key] = a
+            self._items.move_to_end(key)
+            while len(self._items) > self.max_entries or (
+                len(self._items) > 1 and sum(v.nbytes() for v in self._items.values()) > self.max_bytes
+            ):
+                self._items.popitem(last=False)
+        return a
+
+
+ANALYSES = AnalysisCache()
+
+
+def _digest(path: str) -> str | None:
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+    except (OSError, TypeError):
+        return None  # load_image will say what is wrong with it
+
+
+def analyse(model: VisionTransformer, transform, model_key: str, path: str, device: torch.device) -> Analysis:
+    """The cached analysis of the image file at ``path`` by ``model``, computing it on a miss.
+
+    Raises ``vit_core.data.ImageDataError`` for files that are not safe, readable images."""
+
+    def compute() -> Analysis:
+        img = load_image(path, max_pixels=MAX_PIXELS)
+        shown = img.convert("RGB")
+        if max(shown.size) > MAX_SIDE:
+            shown.thumbnail((MAX_SIDE, MAX_SIDE))
+        x = transform(img).unsqueeze(0)
+        with torch.no_grad(), autocast(device):
+            logits, attentions = model(x.to(device), return_attention=True)
+        return Analysis(
+            model=model,
+            shown=shown,
+            size=img.size,
+            crop=tuple(transform.crop_box(*img.size)),
+            x=x,
+            probs=logits.float().softmax(-1)[0].cpu(),
+            attentions=[a.float().cpu() for a in attentions],
+        )
+
+    digest = _digest(path)
+    if digest is None:
+        return compute()
+    return ANALYSES.get_or_compute((model_key, digest), compute)
+
+
+# ---------------------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a map is drawn with, checked against the model: requests are untrusted."""
+
+    method: str = METHODS[0]
+    target: int | None = None  # class index; None: the predicted class
+    layer: int = -1  # raw attention's block, negative from the end
+    head: int | None = None  # None: mean over heads
+    head_fusion: str = "mean"
+    discard_ratio: float = 0.0
+    opacity: float = 0.5
+
+
+def _integer(value: object, what: str) -> int:
+    try:
+        f = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a whole number, got {value!r}") from None
+    if not math.isfinite(f) or f != int(f):
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    return int(f)
+
+
+def check_layer(model: VisionTransformer, layer: object) -> int:
+    depth = model.config.depth
+    i = _integer(layer, "layer")
+    if not -depth <= i < depth:
+        raise ValueError(f"layer must be in {-depth}..{depth - 1} for this {depth}-layer model, got {layer!r}")
+    return i % depth
+
+
+def check_head(model: VisionTransformer, head: object) -> int | None:
+    if head in (None, "", "mean"):
+        return None
+    heads = model.config.num_heads
+    i = _integer(head, "head")
+    if not 0 <= i < heads:
+        raise ValueError(f"head must be 'mean' or 0..{heads - 1}, got {head!r}")
+    return i
+
+
+def check_target(model: VisionTransformer, target: object) -> int | None:
+    if target in (None, "", PREDICTED):
+        return None
+    names = model.class_names
+    if target not in names:
+        raise ValueError(f"{target!r} is not a class of this model; choose one of {', '.join(names[:20])}...")
+    return names.index(target)  # type: ignore[arg-type]
+
+
+def check_top_k(top_k: object, num_classes: int) -> int:
+    """How many classes to list: at least 1, at most the model's classes."""
+    k = _integer(top_k, "top-k")
+    if k < 1:
+        raise ValueError(f"top-k must be at least 1, got {top_k!r}")
+    return min(k, num_classes)
+
+
+def _unit(value: object, what: str, hi: float) -> float:
+    try:
+        f = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number, got {value!r}") from None
+    if not 0.0 <= f <= hi:
+        raise ValueError(f"{what} must be in [0, {hi}], got {value!r}")
+    return f
+
+
+def parse_settings(
+    model: VisionTransformer,
+    method: str = METHODS[0],
+    target: str | None = PREDICTED,
+    layer: object = -1,
+    head: object = "mean",
+    head_fusion: str = "mean",
+    discard_ratio: object = 0.0,
+    opacity: object = 0.5,
+) -> Settings:
+    """Settings from a request's raw values; ``ValueError`` naming the bad one and the valid range."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if head_fusion not in explain.HEAD_FUSIONS:
+        raise ValueError(f"head fusion must be one of {', '.join(explain.HEAD_FUSIONS)}, got {head_fusion!r}")
+    return Settings(
+        method=method,
+        target=check_target(model, target),
+        layer=check_layer(model, layer),
+        head=check_head(model, head),
+        head_fusion=head_fusion,
+        discard_ratio=_unit(discard_ratio, "discard ratio", 0.99),
+        opacity=_unit(opacity, "opacity", 1.0),
+    )
+
+
+# -------------------------------------------------------------------------------------------- maps
+
+
+def explained_class(a: Analysis, s: Settings) -> int:
+    """The class a map is for: the chosen target, else the prediction."""
+    return int(a.probs.argmax()) if s.target is None else s.target
+
+
+def gradient_map(a: Analysis, target: int, device: torch.device) -> torch.Tensor:
+    """Gradient rollout needs a backward pass through the real model: once per class, then cached."""
+    if target not in a.gradient:
+        with autocast(device):
+            heat = explain.gradient_rollout(a.model, a.x.to(device), target=target)
+        a.gradient[target] = heat[0].float().cpu()
+    return a.gradient[target]
+
+
+def relevance(a: Analysis, s: Settings, device: torch.device) -> torch.Tensor:
+    """The (grid_h, grid_w) map of ``s.method`` for the image."""
+    if s.method == "Gradient rollout":
+        return gradient_map(a, explained_class(a, s), device)
+    replay = _Replay(a)
+    if s.method == "Raw attention":
+        return explain.attention_maps(replay, a.x, layer=s.layer, head=s.head)[0]
+    return explain.attention_rollout(replay, a.x, head_fusion=s.head_fusion, discard_ratio=s.discard_ratio)[0]
+
+
+# ------------------------------------------------------------------------------------------ compare
+
+COMPARE_STEPS = 16  # deletion/insertion curve points: 2 x 17 forward passes per map, batched
+CENTRE = "Centre Gaussian (baseline: ignores the image)"
+
+
+def compare(
+    a: Analysis, s: Settings, device: torch.device, progress: Callable[[float, str], None]
+) -> list[tuple[str, torch.Tensor, float, float]]:
+    """Each method's map for the explained class, and how faithful it is on this image: deletion AUC (lower
+    is better) and insertion AUC (higher is better), ``explain.deletion_insertion_auc``. The centre-Gaussian
+    map ignores the image: a method that does no better than it says little about this image."""
+    target = explained_class(a, s)
+    maps = {
+        METHODS[0]: relevance(a, replace(s, method=METHODS[0]), device),
+        METHODS[1]: gradient_map(a, target, device),
+        METHODS[2]: relevance(a, replace(s, method=METHODS[2]), device),
+        CENTRE: explain.centre_gaussian_map(a.model, a.x)[0],
+    }
+    x = a.x.to(device)
+    scored = []
+    for i, (name, heat) in enumerate(maps.items()):
+        progress(i / len(maps), f"Deleting and inserting pixels in the order of: {name}")
+        with autocast(device):
+            auc = explain.deletion_insertion_auc(
+                a.model, x, lambda m, imgs, h=heat: h[None].to(imgs.device), target=target, steps=COMPARE_STEPS
+            )
+        scored.append((name, heat, float(auc["deletion"][0]), float(auc["insertion"][0])))
+    return scored

@@ -1,0 +1,33 @@
+"""Errors as people read them: one short line without server paths, and no traceback, in the UI; in the
+server log one line per handled error, and a traceback only for unexpected ones (those are not caught here,
+so Gradio logs them with theirs)."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import gradio as gr
+
+log = logging.getLogger("webapp")
+MAX_CHARS = 300
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/[^\s'\"(),;]*[^\s'\"(),;.:]")  # not inside URLs or relative paths
+
+
+def public(message: str, names: dict[str, str] | None = None) -> str:
+    """The first line of ``message``, each server path in ``names`` replaced by the name people know it by,
+    any other absolute path shortened to its last part ("…/photo.jpg"), at most MAX_CHARS characters."""
+    first = message.strip().splitlines()[0] if message.strip() else "unknown error"
+    for path, name in sorted((names or {}).items(), key=lambda item: -len(item[0])):
+        first = first.replace(path, name)
+    first = _ABSOLUTE_PATH.sub(lambda m: "…/" + m[0].rstrip("/").rsplit("/", 1)[-1], first)
+    return first if len(first) <= MAX_CHARS else first[: MAX_CHARS - 1] + "…"
+
+
+def user_error(error: Exception) -> gr.Error:
+    """A handled error (bad input, a refused model...) as the UI shows it, logged as one line. A ``gr.Error``
+    is already for people (and was logged where it was raised)."""
+    if isinstance(error, gr.Error):
+        return error
+    log.warning("%s: %s", type(error).__name__, str(error).strip().splitlines()[0] if str(error).strip() else "")
+    return gr.Error(public(str(error)), print_exception=False)

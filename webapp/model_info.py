@@ -1,0 +1,152 @@
+"""What the app says about a model: its classes and input, how sure a prediction is, the Inspect tab's
+figures and summary. Works for any model the core loads: plain or hybrid, 1 or 3 channels, any width."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import nn
+
+from vit_core import VisionTransformer, explain, figures
+
+from .analysis import autocast
+
+UNSURE_BELOW = 0.5  # a top-1 probability under this is shown as a guess, not an answer
+FILTERS = 28  # embedding filters shown, as the paper's figure 7 (fewer when the model has fewer)
+CARD_IMAGE_BYTES = 4 << 20  # larger images in a model card are left as links
+
+
+def format_count(n: int) -> str:
+    """7930 -> '7.9K', 208842 -> '209K', 1343914 -> '1.3M', 86567656 -> '87M', 999 -> '999'."""
+
+    def short(v: float) -> str:
+        return f"{v:.1f}" if v < 9.95 else f"{v:.0f}"
+
+    if n < 1000:
+        return str(n)
+    for unit, scale in (("K", 1e3), ("M", 1e6)):
+        if float(short(n / scale)) < 1000:  # 999,600 is "1.0M", not "1000K"
+            return short(n / scale) + unit
+    return short(n / 1e9) + "B"
+
+
+def facts(model: VisionTransformer) -> str:
+    """One line for the Classify tab: the classes the model knows and the input it sees."""
+    cfg = model.config
+    names = model.class_names
+    listed = ", ".join(names) if len(names) <= 12 else ", ".join(names[:10]) + f", … ({len(names)} in all)"
+    h, w = cfg.img_hw
+    colour = "grey" if cfg.in_chans == 1 else "colour"
+    return (
+        f"This model knows **{len(names)} classes**: {listed}. It sees a **{h}×{w}-pixel {colour}** version of "
+        "the coloured region of your image, and picks one of its classes whatever the image shows: "
+        f"a top class under {UNSURE_BELOW:.0%} is shown as *not sure*."
+    )
+
+
+def verdict(probs: torch.Tensor, names: list[str]) -> str:
+    """The prediction in words: the top class when its probability reaches ``UNSURE_BELOW``, else a guess
+    naming the top two, so a low-confidence answer never reads as a confident one."""
+    p, i = probs.topk(min(2, len(names)))
+    best = f"{names[i[0]]} ({float(p[0]):.0%})"
+    if float(p[0]) >= UNSURE_BELOW:
+        return best
+    runner_up = f" or {names[i[1]]} ({float(p[1]):.0%})" if len(names) > 1 else ""
+    return f"Not sure — maybe {best}{runner_up}"
+
+
+# ------------------------------------------------------------------------------------------- Inspect
+
+
+def _first_conv(model: VisionTransformer) -> nn.Conv2d:
+    return next(m for m in model.patch_embed.backbone.modules() if isinstance(m, nn.Conv2d))
+
+
+def filters_figure(model: VisionTransformer) -> Image.Image:
+    """Paper fig. 7 left for plain ViTs: the principal components of the patch projection's filters (as
+    many as the model has, up to 28). A hybrid's patch projection acts on CNN features, not pixels, so its
+    filters are not pictures: show the CNN's first convolution's filters instead, which are."""
+    kind = "RGB" if model.config.in_chans == 3 else "Grey"
+    if model.config.is_hybrid:
+        w = _first_conv(model).weight.detach()[:FILTERS]
+        return figures.embedding_filters_figure(
+            w, title=f"{kind} filters of the CNN's first convolution\n(hybrid: tokens come from CNN features)"
+        )
+    D, C, P, _ = model.patch_embed.proj.weight.shape
+    n = min(FILTERS, D, C * P * P)
+    return figures.embedding_filters_figure(
+        explain.embedding_filters(model, n=n), title=f"{kind} embedding filters\n(first {n} principal components)"
+    )
+
+
+def inspect_figures(
+    model: VisionTransformer, images: torch.Tensor, device: torch.device
+) -> tuple[Image.Image, Image.Image, Image.Image]:
+    """The paper's figure 7 for ``model``: filters, position-embedding similarity, and mean attention
+    distance over ``images`` (a model-ready batch)."""
+    similarity = figures.position_similarity_figure(explain.position_embedding_similarity(model))
+    with torch.no_grad(), autocast(device):
+        distances = explain.mean_attention_distance(model, images.to(device))
+    distance = figures.attention_distance_figure(distances, title="Mean attention distance")
+    return filters_figure(model), similarity, distance
+
+
+def summary(model: VisionTransformer, folder: Path | None) -> str:
+    """A table of what the model is, the last epoch's metrics and the model card when ``folder`` has them."""
+    cfg = model.config
+    h, w = cfg.img_hw
+    n = model.num_params()
+    tokens = f"{cfg.grid_size[0]}x{cfg.grid_size[1]} tokens of {cfg.feature_stride} px"
+    names = model.class_names
+    rows = [
+        ("Variant", cfg.name or "custom"),
+        ("Parameters", f"{n:,} ({format_count(n)})"),
+        ("Input", f"{h}x{w}, {cfg.in_chans} channel{'s' if cfg.in_chans > 1 else ''}, {tokens}"),
+        ("Tokens from", "a CNN feature map (hybrid)" if cfg.is_hybrid else "image patches"),
+        ("Width / depth / heads", f"{cfg.embed_dim} / {cfg.depth} / {cfg.num_heads}"),
+        ("Pooling", "class token" if cfg.global_pool == "token" else "average of patch tokens"),
+        ("Classes", f"{cfg.num_classes}: {', '.join(names)[:300]}"),
+    ]
+    metrics = folder / "metrics.jsonl" if folder else None
+    if metrics and metrics.is_file() and metrics.read_text().strip():
+        last = json.loads(metrics.read_text().strip().splitlines()[-1])
+        rows.append(
+            (
+                "Training (last epoch)",
+                ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in last.items()),
+            )
+        )
+    text = "| Property | Value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+    card = folder / "README.md" if folder else None
+    if card and card.is_file():
+        body = card.read_text().split("---", 2)[-1].strip()
+        text += "\n\n<details><summary>Model card</summary>\n\n" + _inline_images(body, folder) + "\n\n</details>"
+    return text
+
+
+_IMAGE_LINK = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
+_MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif", ".webp": "image/webp"}
+
+
+def _inline_images(markdown: str, folder: Path) -> str:
+    """Relative image links of a model card (``![curves](curves.png)``) point into the model's folder, which
+    the browser cannot reach: embed those images as data URIs. Only image files inside the folder and under
+    ``CARD_IMAGE_BYTES`` are read, so a card cannot pull in other files."""
+    root = folder.resolve()
+
+    def embed(m: re.Match) -> str:
+        alt, target = m.groups()
+        path = (root / target).resolve()
+        mime = _MIME.get(path.suffix.lower())
+        if mime is None or "://" in target or not path.is_relative_to(root) or not path.is_file():
+            return m.group(0)
+        if path.stat().st_size > CARD_IMAGE_BYTES:
+            return m.group(0)
+        return f"![{alt}](data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()})"
+
+    return _IMAGE_LINK.sub(embed, markdown)

@@ -1,0 +1,162 @@
+"""Pictures for the app's views: maps over the region the model saw, colour bars, patch outlines, head grids.
+
+Everything is drawn with PIL (no matplotlib figure per request): an explorer click draws a handful of small
+images, and each costs a few milliseconds this way, so a click stays about as fast as a plain classify.
+The colours are ``vit_core.figures.overlay``'s, so a map looks the same in every view and in the library.
+"""
+
+from __future__ import annotations
+
+import uuid
+from functools import lru_cache
+
+import numpy as np
+import torch
+from matplotlib import colormaps
+from PIL import Image, ImageDraw, ImageFont
+
+from vit_core import figures
+
+COLORMAP = "jet"
+Box = tuple[int, int, int, int]  # (left, top, right, bottom) in pixels
+OUTLINE = (255, 255, 255)
+SHADOW = (0, 0, 0)
+IMAGE_DESCRIPTION = 0x010E  # EXIF tag
+
+
+@lru_cache(maxsize=16)
+def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    return ImageFont.load_default(size=size)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.2g}" if 0 < abs(v) < 0.01 else f"{v:.2f}"
+
+
+def outline(img: Image.Image, box: tuple[float, float, float, float], width: int = 2) -> Image.Image:
+    """``img`` with ``box`` outlined in white over black, visible on any colour; drawn in place, returned."""
+    draw = ImageDraw.Draw(img)
+    l, t, r, b = (round(v) for v in box)
+    draw.rectangle((l - width, t - width, r + width - 1, b + width - 1), outline=SHADOW, width=width)
+    draw.rectangle((l, t, r - 1, b - 1), outline=OUTLINE, width=width)
+    return img
+
+
+def with_colorbar(img: Image.Image, heat: torch.Tensor, caption: str) -> Image.Image:
+    """``img`` with a horizontal colour bar below it, labelled with the map's smallest and largest values:
+    ``figures.overlay`` stretches every map to the full colour range, so the ends say what the colours mean."""
+    w = img.width
+    size = max(10, min(28, round(w / 32)))
+    font = _font(size)
+    bar_h, pad = max(6, size // 2), max(2, size // 4)
+    strip = Image.new("RGB", (w, pad + bar_h + pad + size + pad), "white")
+    ramp = colormaps[COLORMAP](np.linspace(0.0, 1.0, w))[None, :, :3]
+    strip.paste(Image.fromarray(np.round(np.repeat(ramp, bar_h, axis=0) * 255).astype(np.uint8)), (0, pad))
+    draw = ImageDraw.Draw(strip)
+    y = pad + bar_h + pad
+    lo, hi = _fmt(float(heat.min())), _fmt(float(heat.max()))
+    draw.text((1, y), lo, fill="black", font=font)
+    draw.text((w - 1, y), hi, fill="black", font=font, anchor="ra")
+    room = w - draw.textlength(lo, font=font) - draw.textlength(hi, font=font) - 4 * size
+    if draw.textlength(caption, font=font) <= room:
+        draw.text((w / 2, y), caption, fill="black", font=font, anchor="ma")
+    out = Image.new("RGB", (w, img.height + strip.height), "white")
+    out.paste(img.convert("RGB"), (0, 0))
+    out.paste(strip, (0, img.height))
+    return out
+
+
+def map_on_image(shown: Image.Image, box: Box, heat: torch.Tensor, alpha: float, caption: str) -> Image.Image:
+    """The whole image with ``heat`` blended over ``box``, the region the model saw (outlined), and a colour bar."""
+    out = shown.convert("RGB")  # a copy: ``shown`` is cached and shared between requests
+    out.paste(figures.overlay(shown.crop(box), heat, alpha=alpha, colormap=COLORMAP), box[:2])
+    if box != (0, 0, *shown.size):
+        outline(out, box, width=max(1, round(max(shown.size) / 300)))
+    return with_colorbar(out, heat, caption)
+
+
+def map_on_crop(
+    shown: Image.Image,
+    box: Box,
+    heat: torch.Tensor,
+    alpha: float,
+    side: int,
+    caption: str | None = None,
+    patch: tuple[float, float, float, float] | None = None,
+) -> Image.Image:
+    """Only the region the model saw, scaled to ``side`` pixels on its long side, with ``heat`` blended over it,
+    ``patch`` (fractions of the region: left, top, right, bottom) outlined, and a colour bar unless
+    ``caption`` is None (the head grid labels its tiles instead)."""
+    crop = shown.crop(box)
+    scale = side / max(crop.size)
+    crop = crop.resize((max(1, round(crop.width * scale)), max(1, round(crop.height * scale))), Image.BILINEAR)
+    out = figures.overlay(crop, heat, alpha=alpha, colormap=COLORMAP)
+    if patch is not None:
+        l, t, r, b = patch
+        outline(out, (l * out.width, t * out.height, r * out.width, b * out.height))
+    return out if caption is None else with_colorbar(out, heat, caption)
+
+
+def titled(img: Image.Image, lines: list[str]) -> Image.Image:
+    """``img`` under a few centred lines of text: a title that stays with the picture when it is saved."""
+    size = max(10, img.width // 22)
+    font, gap = _font(size), max(2, size // 3)
+    out = Image.new("RGB", (img.width, img.height + len(lines) * (size + gap) + gap), "white")
+    draw = ImageDraw.Draw(out)
+    for i, line in enumerate(lines):
+        draw.text((img.width / 2, gap + i * (size + gap)), line, fill="black", font=font, anchor="ma")
+    out.paste(img, (0, out.height - img.height))
+    return out
+
+
+def tile_grid(tiles: list[Image.Image], titles: list[str], columns: int) -> Image.Image:
+    """Tiles of equal size in rows of ``columns``, each titled above: one picture for all heads of a layer."""
+    w, h = tiles[0].size
+    size = max(10, w // 12)
+    font, gap = _font(size), max(2, size // 3)
+    rows = -(-len(tiles) // columns)
+    cell_w, cell_h = w + gap, h + size + 2 * gap
+    out = Image.new("RGB", (columns * cell_w + gap, rows * cell_h + gap), "white")
+    draw = ImageDraw.Draw(out)
+    for i, (tile, title) in enumerate(zip(tiles, titles, strict=True)):
+        x, y = gap + (i % columns) * cell_w, gap + (i // columns) * cell_h
+        draw.text((x + w / 2, y), title, fill="black", font=font, anchor="ma")
+        out.paste(tile, (x, y + size + gap))
+    return out
+
+
+def fit(size: tuple[int, int], side: int) -> tuple[int, int]:
+    """``size`` shrunk (never enlarged) to ``side`` pixels on its long side."""
+    scale = min(1.0, side / max(size))
+    return max(1, round(size[0] * scale)), max(1, round(size[1] * scale))
+
+
+def dim_outside(shown: Image.Image, box: Box, side: int, grid: tuple[int, int]) -> Image.Image:
+    """The image shrunk to ``fit`` ``side``, darkened outside ``box`` (the region the model saw), with the
+    token grid drawn faintly inside it: the picture to click a patch on."""
+    size = fit(shown.size, side)
+    scale = size[0] / shown.width
+    img = shown.resize(size, Image.BILINEAR) if size != shown.size else shown.convert("RGB")
+    l, t, r, b = (v * scale for v in box)
+    out = Image.blend(img, Image.new("RGB", img.size, "black"), 0.55)
+    out.paste(img.crop((round(l), round(t), round(r), round(b))), (round(l), round(t)))
+    draw = ImageDraw.Draw(out, "RGBA")
+    gh, gw = grid
+    for i in range(1, gw):
+        x = l + (r - l) * i / gw
+        draw.line((x, t, x, b - 1), fill=(255, 255, 255, 70))
+    for j in range(1, gh):
+        y = t + (b - t) * j / gh
+        draw.line((l, y, r - 1, y), fill=(255, 255, 255, 70))
+    return outline(out, (l, t, r, b))
+
+
+def unique(img: Image.Image, note: str) -> Image.Image:
+    """Gradio caches outputs under a hash of their bytes and rewrites that file on every request, so two
+    identical concurrent requests would overwrite an image while the other downloads it. A unique id in the
+    image's EXIF description (which Gradio writes into WebP and JPEG outputs) gives every response its own
+    file."""
+    exif = Image.Exif()
+    exif[IMAGE_DESCRIPTION] = f"{note}; request {uuid.uuid4().hex}"
+    img.info["exif"] = exif.tobytes()
+    return img
