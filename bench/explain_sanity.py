@@ -1,6 +1,6 @@
 """Do the relevance maps point at what the model uses? Deletion/insertion AUC on real test images.
 
-    python -m bench.explain_sanity                                   # models/cifar10_hybrid, 300 CIFAR-10 test images
+    python -m bench.explain_sanity                                   # models/cifar10_hybrid_pool, 300 CIFAR-10 test images
     python -m bench.explain_sanity --model models/cifar10_vit --n 500 --out bench/results/explain_vit.md
     python -m bench.explain_sanity --model runs/mnist_tiny --data mnist --methods gradient "rollout(start_layer=1)"
 
@@ -252,7 +252,7 @@ def markdown(report: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--model", default="models/cifar10_hybrid", help="checkpoint folder (model.safetensors + config.json)"
+        "--model", default="models/cifar10_hybrid_pool", help="checkpoint folder (model.safetensors + config.json)"
     )
     p.add_argument("--data", default="cifar10", help="mnist, fashion-mnist, cifar10, or an image folder")
     p.add_argument("--n", type=int, default=300, help="number of test images")

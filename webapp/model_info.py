@@ -13,6 +13,7 @@ from PIL import Image
 from torch import nn
 
 from vit_core import VisionTransformer, explain, figures
+from vit_core.run_folder import METRICS_NAME
 
 from .analysis import autocast
 
@@ -112,7 +113,7 @@ def summary(model: VisionTransformer, folder: Path | None) -> str:
         ("Pooling", "class token" if cfg.global_pool == "token" else "average of patch tokens"),
         ("Classes", f"{cfg.num_classes}: {', '.join(names)[:300]}"),
     ]
-    metrics = folder / "metrics.jsonl" if folder else None
+    metrics = folder / METRICS_NAME if folder else None
     if metrics and metrics.is_file() and metrics.read_text().strip():
         last = json.loads(metrics.read_text().strip().splitlines()[-1])
         rows.append(
