@@ -1,6 +1,6 @@
 """Do the relevance maps point at what the model uses? Deletion/insertion AUC on real test images.
 
-    python -m bench.explain_sanity                                   # models/cifar10_hybrid_pool, 300 CIFAR-10 test images
+    python -m bench.explain_sanity                       # the bundled model, 300 CIFAR-10 test images
     python -m bench.explain_sanity --model models/cifar10_vit --n 500 --out bench/results/explain_vit.md
     python -m bench.explain_sanity --model runs/mnist_tiny --data mnist --methods gradient "rollout(start_layer=1)"
 
