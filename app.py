@@ -54,7 +54,13 @@ CSS = """
 #summary table { word-break: normal; overflow-wrap: normal; hyphens: none; }
 #summary td:first-child { white-space: nowrap; }
 #summary .prose { overflow-x: auto; }
-@media (max-width: 640px) { .phone-2-columns .grid-container { --grid-cols: 2 !important; } }
+@media (max-width: 640px) {
+  .phone-2-columns .grid-container { --grid-cols: 2 !important; }
+  /* the scores table: Gradio fixes each column to its unwrapped width; on phones let whole words wrap instead */
+  #compare-table table { width: 100% !important; }
+  #compare-table :is(th, td) { width: auto !important; min-width: 0 !important; max-width: none !important;
+                               white-space: normal !important; word-break: normal; overflow-wrap: normal; }
+}
 """
 
 
@@ -389,7 +395,7 @@ def build_ui(default_model: str) -> gr.Blocks:
             compare_table = gr.Dataframe(
                 headers=["method", "deletion AUC (lower is better)", "insertion AUC (higher is better)"],
                 label="Faithfulness on this image", interactive=False, wrap=True,
-                column_widths=["50%", "25%", "25%"], elem_id="compare-table",  # scores in sight on phones
+                elem_id="compare-table",
             )  # fmt: skip
             compare_gallery = gr.Gallery(
                 label="Maps (coloured: the region the model saw)",

@@ -326,6 +326,11 @@ def test_phone_layout_examples_before_results_and_every_view(phone):
     table = phone.locator("#compare-table").bounding_box()
     score = phone.locator("#compare-table td").last.bounding_box()  # the baseline's insertion AUC
     assert score["x"] + score["width"] <= table["x"] + table["width"] + 1  # no scrolling to see the scores
+    cells = phone.eval_on_selector_all(  # words wrap whole, never split, and no cell overflows
+        "#compare-table :is(th, td)",
+        "cs => cs.map(c => [c.innerText, getComputedStyle(c).overflowWrap, c.scrollWidth <= c.clientWidth + 1])",
+    )
+    assert cells and all(wrap == "normal" and fits for _, wrap, fits in cells), cells
     _shot(phone, "compare", "#compare-text")
     _tab(phone, "Batch")
     phone.locator("#files input[type=file]").set_input_files([str(p) for p in EXAMPLE_PHOTOS])
