@@ -170,8 +170,9 @@ def explore(
     patches at ``layer`` for ``head`` (or the mean), its attention-rollout row, every head of that layer,
     and a sentence. The patch is outlined on each map."""
     a = _analysis(image, model_choice)
-    s = parse_settings(a.model, layer=layer, head=head, head_fusion=head_fusion,
-                       discard_ratio=discard_ratio, opacity=opacity)  # fmt: skip
+    s = parse_settings(
+        a.model, layer=layer, head=head, head_fusion=head_fusion, discard_ratio=discard_ratio, opacity=opacity
+    )
     patch = explorer.patch_at(a, float(x), float(y))
     if patch is None:
         raise ValueError(f"({x:g}, {y:g}) is outside the region the model saw; pick a point inside it")
@@ -221,8 +222,10 @@ def compare(
     gallery, table = [], []
     for name, heat, deletion, insertion in scored:
         scores = f"deletion {deletion:.3f}, insertion {insertion:.3f}"
-        img = render.titled(render.map_on_crop(a.shown, a.box, heat, s.opacity, explorer.SIDE, "relevance"),
-                            [name.split(" (")[0], scores])  # fmt: skip
+        img = render.titled(
+            render.map_on_crop(a.shown, a.box, heat, s.opacity, explorer.SIDE, "relevance"),
+            [name.split(" (")[0], scores],
+        )
         gallery.append((render.unique(img, name), f"{name}: {scores}"))
         table.append([name, round(deletion, 4), round(insertion, 4)])
     target_name = a.names[explained_class(a, s)]
@@ -315,9 +318,13 @@ def build_ui(default_model: str) -> gr.Blocks:
         )
         with gr.Row():
             model_choice = gr.Dropdown(
-                choices, value=default_model, allow_custom_value=MODELS.allow_custom_value, scale=3, min_width=320,
+                choices,
+                value=default_model,
+                allow_custom_value=MODELS.allow_custom_value,
+                scale=3,
+                min_width=320,
                 label="Model: the bundled one, a run folder, or a Hub repo id (ours, timm or transformers)",
-            )  # fmt: skip
+            )
             status = gr.Markdown(elem_id="status", min_width=300)  # min widths: a row of its own on phones
         active = gr.State(default_model)
         facts = gr.Markdown(model_info.facts(model), elem_id="facts")
@@ -334,11 +341,16 @@ def build_ui(default_model: str) -> gr.Blocks:
                 method = gr.Radio(list(METHODS), value=METHODS[0], label="Explanation")
                 with gr.Accordion("Explanation settings", open=False):
                     # choices follow the loaded model; other values are checked server-side
-                    target = gr.Dropdown([PREDICTED, *classes], value=PREDICTED, allow_custom_value=True,
-                                         label="Class to explain (gradient rollout)")  # fmt: skip
+                    target = gr.Dropdown(
+                        [PREDICTED, *classes],
+                        value=PREDICTED,
+                        allow_custom_value=True,
+                        label="Class to explain (gradient rollout)",
+                    )
                     layer = gr.Slider(-depth, depth - 1, value=-1, step=1, label="Layer (raw attention; -1 = last)")
-                    head = gr.Dropdown(head_choices, value="mean", allow_custom_value=True,
-                                       label="Head (raw attention)")  # fmt: skip
+                    head = gr.Dropdown(
+                        head_choices, value="mean", allow_custom_value=True, label="Head (raw attention)"
+                    )
                     head_fusion = gr.Radio(["mean", "max", "min"], value="mean", label="Head fusion (rollout)")
                     discard = gr.Slider(0.0, 0.99, value=0.0, step=0.01, label="Discard ratio (rollout)")
                 with gr.Row():
@@ -347,9 +359,11 @@ def build_ui(default_model: str) -> gr.Blocks:
                     )
                     top_k = gr.Slider(1, MAX_TOP_K, value=5, step=1, label="Top-k", min_width=220)
                 gr.Examples(
-                    EXAMPLES, inputs=image, example_labels=[_example_label(p) for p in EXAMPLES],
+                    EXAMPLES,
+                    inputs=image,
+                    example_labels=[_example_label(p) for p in EXAMPLES],
                     label="Examples (licences in examples/LICENSES.md)",
-                )  # fmt: skip
+                )
             with gr.Column():
                 verdict = gr.Markdown(label="Prediction in words", elem_classes="verdict", elem_id="verdict")
                 explains = gr.Markdown(label="Class the map explains", elem_id="explains")
@@ -394,9 +408,11 @@ def build_ui(default_model: str) -> gr.Blocks:
             compare_text = gr.Textbox(label="What is compared", interactive=False, elem_id="compare-text")
             compare_table = gr.Dataframe(
                 headers=["method", "deletion AUC (lower is better)", "insertion AUC (higher is better)"],
-                label="Faithfulness on this image", interactive=False, wrap=True,
+                label="Faithfulness on this image",
+                interactive=False,
+                wrap=True,
                 elem_id="compare-table",
-            )  # fmt: skip
+            )
             compare_gallery = gr.Gallery(
                 label="Maps (coloured: the region the model saw)",
                 columns=4,
@@ -412,8 +428,14 @@ def build_ui(default_model: str) -> gr.Blocks:
             )
             batch_button = gr.Button("Classify all", variant="primary")
             batch_note = gr.Textbox(label="Summary", interactive=False, elem_id="batch-note")
-            batch_gallery = gr.Gallery(label="Overlays", columns=4, height="auto", object_fit="contain",
-                                       elem_id="batch-gallery", elem_classes="phone-2-columns")  # fmt: skip
+            batch_gallery = gr.Gallery(
+                label="Overlays",
+                columns=4,
+                height="auto",
+                object_fit="contain",
+                elem_id="batch-gallery",
+                elem_classes="phone-2-columns",
+            )
             batch_csv = gr.File(label="Top-k predictions (CSV)", elem_id="batch-csv")
         with gr.Tab("Inspect"):
             gr.Markdown("The paper's figure 7 for this model, and what it is.")
@@ -430,32 +452,68 @@ def build_ui(default_model: str) -> gr.Blocks:
         settings = [method, target, layer, head, head_fusion, discard, opacity, top_k]
         results = [labels, overlay, compute_ms, verdict, explains]
         button.click(gpu(classify), [image, model_choice, *settings], results, api_name="classify")
-        gr.on([method.input, target.input, layer.release, head.input, head_fusion.input, discard.release,
-               opacity.release, top_k.release], gpu(rerender), [image, model_choice, *settings], results,
-              api_visibility="private", trigger_mode="always_last", show_progress="hidden")  # fmt: skip
+        gr.on(
+            [
+                method.input,
+                target.input,
+                layer.release,
+                head.input,
+                head_fusion.input,
+                discard.release,
+                opacity.release,
+                top_k.release,
+            ],
+            gpu(rerender),
+            [image, model_choice, *settings],
+            results,
+            api_visibility="private",
+            trigger_mode="always_last",
+            show_progress="hidden",
+        )
 
         ex_settings = [ex_layer, ex_head, head_fusion, discard, opacity]
         patch_outputs = [patch_attention, patch_rollout, heads_grid, patch_text]
-        gr.on([image.change, active.change], gpu(explorer_view), [image, model_choice], view,
-              api_visibility="private")  # fmt: skip
-        view.select(gpu(on_select), [image, model_choice, *ex_settings], [view, point_x, point_y, *patch_outputs],
-                    api_visibility="private", trigger_mode="always_last")  # fmt: skip
+        gr.on([image.change, active.change], gpu(explorer_view), [image, model_choice], view, api_visibility="private")
+        view.select(
+            gpu(on_select),
+            [image, model_choice, *ex_settings],
+            [view, point_x, point_y, *patch_outputs],
+            api_visibility="private",
+            trigger_mode="always_last",
+        )
         explore_inputs = [image, model_choice, point_x, point_y, *ex_settings]
         gr.on([point_x.submit, point_y.submit], gpu(explore), explore_inputs, patch_outputs, api_name="explore")
-        gr.on([ex_layer.release, ex_head.input], gpu(re_explore), explore_inputs, patch_outputs,
-              api_visibility="private", trigger_mode="always_last", show_progress="hidden")  # fmt: skip
+        gr.on(
+            [ex_layer.release, ex_head.input],
+            gpu(re_explore),
+            explore_inputs,
+            patch_outputs,
+            api_visibility="private",
+            trigger_mode="always_last",
+            show_progress="hidden",
+        )
 
-        compare_button.click(gpu(compare), [image, model_choice, target, layer, head, head_fusion, discard, opacity],
-                             [compare_gallery, compare_table, compare_text], api_name="compare")  # fmt: skip
-        batch_button.click(gpu(batch), [files, model_choice, method, top_k, opacity],
-                           [batch_gallery, batch_csv, batch_note], api_name="batch")  # fmt: skip
-        analyse_button.click(gpu(inspect), model_choice, [fig_filters, fig_similarity, fig_distance, summary],
-                             api_name="inspect")  # fmt: skip
+        compare_button.click(
+            gpu(compare),
+            [image, model_choice, target, layer, head, head_fusion, discard, opacity],
+            [compare_gallery, compare_table, compare_text],
+            api_name="compare",
+        )
+        batch_button.click(
+            gpu(batch),
+            [files, model_choice, method, top_k, opacity],
+            [batch_gallery, batch_csv, batch_note],
+            api_name="batch",
+        )
+        analyse_button.click(
+            gpu(inspect), model_choice, [fig_filters, fig_similarity, fig_distance, summary], api_name="inspect"
+        )
 
         model_outputs = [status, facts, target, layer, head, ex_layer, ex_head, active, model_choice]
         model_choice.change(on_model_change, [model_choice, active], model_outputs, api_visibility="private")
-        demo.load(lambda choice: _model_updates(choice)[:-1], model_choice, model_outputs[:-1],
-                  api_visibility="private")  # fmt: skip
+        demo.load(
+            lambda choice: _model_updates(choice)[:-1], model_choice, model_outputs[:-1], api_visibility="private"
+        )
     return demo
 
 
@@ -480,8 +538,12 @@ def main() -> None:
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--share", action="store_true", help="create a public gradio.live link")
     p.add_argument("--concurrency", type=int, default=1, help="requests computed at once (one GPU: 1)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (default: 1 for models under 10M parameters, else all cores)")  # fmt: skip
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: 1 for models under 10M parameters, else all cores)",
+    )
     add_arguments(p)
     args = p.parse_args()
     setup(args.model, args.device, args.threads, configure(args))

@@ -53,8 +53,9 @@ def _report(title: str, times: dict[str, list[float]]) -> None:
 def _in_process(fresh: list[str], same: str, repeats: int) -> dict[str, list[float]]:
     """The UI's handlers called directly: what a click or a settings change computes on the server."""
     choice = app.MODELS.default
-    settings = dict(method=app.METHODS[0], target=app.PREDICTED, layer=-1, head="mean", head_fusion="mean",
-                    discard_ratio=0.0)  # fmt: skip
+    settings = dict(
+        method=app.METHODS[0], target=app.PREDICTED, layer=-1, head="mean", head_fusion="mean", discard_ratio=0.0
+    )
     a = app._analysis(same, choice)
     vw = render.fit(a.shown.size, explorer.VIEW_SIDE)[0]
     left, top, right, bottom = (v * vw / a.size[0] for v in a.crop)

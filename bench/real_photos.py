@@ -8,7 +8,8 @@ The photos live in ``bench/real_photos/<class>/*.jpg`` (sources and licences in 
 folder per CIFAR-10 class, at most 256 px on the long side. Each photo is opened with
 ``vit_core.data.load_image`` and preprocessed with ``vit_core.data.build_transform(model.pretrained_cfg)``,
 exactly as the app does. Printed: top-1 accuracy per class and overall, without and with horizontal-flip
-test-time averaging (mean of the softmax of the image and of its mirror image), split into full photos and
+test-time averaging (mean of the softmax of the image and of its mirror image: the app's probabilities, so
+the flip column is what the app gets right), split into full photos and
 cut-outs (objects on a white background, the ``kind`` column of ``SOURCES.md``), and a per-image table
 (file, true class, prediction, confidence).
 

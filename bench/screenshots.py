@@ -30,8 +30,16 @@ def main() -> None:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_app_browser.py"), "-p", "no:cacheprovider",
-           "-rs", *args.pytest_args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(ROOT / "tests" / "test_app_browser.py"),
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        *args.pytest_args,
+    ]
     code = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "VIT_SCREENSHOTS": str(out)})
     expected = [out / f"{view}_{size}.png" for view in VIEWS for size in SIZES]
     stale = [p.name for p in expected if not p.is_file() or p.stat().st_mtime < start]

@@ -49,8 +49,12 @@ def server():
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port), "--concurrency", "2"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 600  # a shared 2-core machine can take minutes to import torch and gradio
     client = None
@@ -274,8 +278,11 @@ def test_compare_scores_each_method_against_the_centre_baseline(server):
     gallery, table, text = client.predict(handle_file(str(CAT)), api_name="/compare")
     assert len(gallery) == 4 and "class" in text
     assert [row[0] for row in table["data"]] == [
-        "Attention rollout", "Gradient rollout", "Raw attention", "Centre Gaussian (baseline: ignores the image)"
-    ]  # fmt: skip
+        "Attention rollout",
+        "Gradient rollout",
+        "Raw attention",
+        "Centre Gaussian (baseline: ignores the image)",
+    ]
     for item, row in zip(gallery, table["data"], strict=True):
         assert 0 <= row[1] <= 1 and 0 <= row[2] <= 1
         deletion, insertion = map(float, re.fullmatch(r".*: deletion (\S+), insertion (\S+)", item["caption"]).groups())
@@ -302,8 +309,11 @@ def test_batch_of_files_and_a_zip_gives_a_gallery_and_a_csv(server, tmp_path):
     rows = Path(csv_path).read_text().splitlines()
     assert rows[0] == "file,prediction,unsure,class_1,p_1,class_2,p_2,class_3,p_3,error"
     assert [r.split(",")[0] for r in rows[1:]] == [
-        "cat_chelsea.jpg", "photos.zip/nested/cat.jpg", "photos.zip/../../../tmp/evil.jpg", "photos.zip/broken.png"
-    ]  # fmt: skip
+        "cat_chelsea.jpg",
+        "photos.zip/nested/cat.jpg",
+        "photos.zip/../../../tmp/evil.jpg",
+        "photos.zip/broken.png",
+    ]
     assert rows[1].split(",")[3] in LABELS and "not an image" in rows[4]
     with pytest.raises(AppError, match="Upload"):
         client.predict([], api_name="/batch")

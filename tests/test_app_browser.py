@@ -26,8 +26,16 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run", "--disable-quic", "--disable-sync"]  # fmt: skip
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-sync",
+]
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 WAIT = 600_000  # ms: on a shared, loaded 2-core machine one step can take minutes
@@ -43,14 +51,34 @@ def runs(tmp_path_factory) -> dict[str, str]:
     ImageNet-1k ViT/16 at 224 px in transformers' layout (its labels from ``id2label``)."""
     root = tmp_path_factory.mktemp("runs")
     mnist = vit_core.ViTConfig(
-        img_size=28, patch_size=4, in_chans=1, embed_dim=16, depth=3, num_heads=2, mlp_ratio=2.0, global_pool="avg",
-        class_token=False, mean=(0.1307,), std=(0.3081,), crop_pct=1.0, num_classes=10,
+        img_size=28,
+        patch_size=4,
+        in_chans=1,
+        embed_dim=16,
+        depth=3,
+        num_heads=2,
+        mlp_ratio=2.0,
+        global_pool="avg",
+        class_token=False,
+        mean=(0.1307,),
+        std=(0.3081,),
+        crop_pct=1.0,
+        num_classes=10,
         label_names=tuple("0123456789"),
-    )  # fmt: skip
+    )
     hybrid = vit_core.ViTConfig(
-        img_size=32, patch_size=1, stem_channels=(16, 32), stem_strides=(2, 2), embed_dim=32, depth=2, num_heads=2,
-        global_pool="avg", class_token=False, crop_pct=1.0, num_classes=10,
-    )  # fmt: skip
+        img_size=32,
+        patch_size=1,
+        stem_channels=(16, 32),
+        stem_strides=(2, 2),
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        global_pool="avg",
+        class_token=False,
+        crop_pct=1.0,
+        num_classes=10,
+    )
     paths = {}
     for name, cfg in (("mnist_tiny", mnist), ("hybrid", hybrid)):
         vit_core.create_model(cfg).save_pretrained(root / name)

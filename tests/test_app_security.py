@@ -33,8 +33,11 @@ SLOW = "mallory/slow-vit"  # the Hub takes SLOW_SECONDS to answer anything about
 SLOW_SECONDS = 30
 TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2}
 CIFAR10 = {"airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"}
-HUGE = {"architecture": "vit_base_patch16_224", "num_classes": 1000,
-        "model_args": {"embed_dim": 16384, "depth": 64, "num_heads": 16}}  # fmt: skip
+HUGE = {
+    "architecture": "vit_base_patch16_224",
+    "num_classes": 1000,
+    "model_args": {"embed_dim": 16384, "depth": 64, "num_heads": 16},
+}
 
 
 def _free_port() -> int:

@@ -13,6 +13,7 @@ import signal
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -24,7 +25,7 @@ import vit_core
 from vit_core.builders import build_optimizer, build_scheduler, load_init
 from vit_core.data import build_transform, default_data_root
 from vit_core.engine import Recipe, RecipeError, evaluate_checkpoint, train
-from vit_core.evaluation import evaluate, write_eval
+from vit_core.evaluation import evaluate, tta_views, write_eval
 from vit_core.run_folder import stale_files
 
 TINY = dict(img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0, crop_pct=1.0)
@@ -234,6 +235,34 @@ def test_evaluate_matches_a_plain_count(tmp_path):
     assert result["loss"] == pytest.approx(loss / len(files), rel=1e-5)
     json_path, png_path = write_eval(result, tmp_path / "eval")
     assert (json_path.name, png_path.name) == ("eval_test_flip.json", "confusion_test_flip.png")
+
+
+def test_flip_translate_tta_against_numpy():
+    """flip-translate TTA: the image and its mirror (1/4 each) and the mirror pairs of the image shifted
+    1 px down-right and up-left with reflect padding (1/8 each), here built with numpy; evaluate()'s
+    prediction and loss are those of the weighted mean of the views' softmaxes."""
+    g = torch.Generator().manual_seed(0)
+    images, labels = torch.randn(6, 3, 32, 32, generator=g), torch.randint(0, 5, (6,), generator=g)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 5))
+
+    a = np.pad(images.numpy(), ((0, 0), (0, 0), (1, 1), (1, 1)), mode="reflect")
+    shifted = [images.numpy(), a[..., :32, :32], a[..., 2:, 2:]]  # a[..., :32, :32][i, j] = image[i - 1, j - 1]
+    expected = [
+        (v, w) for v, w0 in zip(shifted, (0.25, 0.125, 0.125), strict=True) for v in (v, v[..., ::-1]) for w in [w0]
+    ]
+    views = tta_views(images, "flip-translate")
+    assert [w for _, w in views] == [w for _, w in expected] and sum(w for _, w in views) == 1
+    for (view, _), (ref, _) in zip(views, expected, strict=True):
+        assert np.array_equal(view.numpy(), ref)
+    assert np.array_equal(expected[2][0][:, :, 5, 7], images[:, :, 4, 6].numpy())  # down-right by 1 px
+
+    with torch.no_grad():
+        p = sum(w * model(torch.from_numpy(np.ascontiguousarray(v))).double().softmax(-1) for v, w in expected)
+    result = evaluate(model, [(images, labels)], 5, tta="flip-translate")
+    assert result["top1"] == pytest.approx(100 * (p.argmax(-1) == labels).double().mean().item())
+    assert result["loss"] == pytest.approx(-p[torch.arange(6), labels].log().mean().item(), rel=1e-5)
+    with pytest.raises(RecipeError, match="tta must be"):
+        evaluate(model, [(images, labels)], 5, tta="rotate")
 
 
 def test_evaluate_accumulates_over_batches():

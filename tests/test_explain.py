@@ -90,9 +90,15 @@ class FixedAttentionModel(nn.Module):
     def __init__(self, attn: torch.Tensor, depth: int, prefix: int, global_pool: str = "token") -> None:
         super().__init__()
         self.config = vit_core.ViTConfig(
-            img_size=16, patch_size=8, embed_dim=8, depth=depth, num_heads=attn.shape[0], num_classes=2,
-            global_pool=global_pool, class_token=global_pool == "token",
-        )  # fmt: skip
+            img_size=16,
+            patch_size=8,
+            embed_dim=8,
+            depth=depth,
+            num_heads=attn.shape[0],
+            num_classes=2,
+            global_pool=global_pool,
+            class_token=global_pool == "token",
+        )
         self.num_prefix_tokens = prefix
         self.blocks = nn.ModuleList(nn.Identity() for _ in range(depth))
         self.attn = attn
@@ -210,9 +216,14 @@ def test_rollout_matches_reference(kind, grid_hw, head_fusion, discard_ratio, st
     grid = (grid_hw[0] // 8, grid_hw[1] // 8)
     got = explain.attention_rollout(model, x, head_fusion, discard_ratio, start_layer)
     want = reference_rollout(
-        attentions_of(model, x), model.num_prefix_tokens, grid, head_fusion, discard_ratio, start_layer,
+        attentions_of(model, x),
+        model.num_prefix_tokens,
+        grid,
+        head_fusion,
+        discard_ratio,
+        start_layer,
         avg=model.config.global_pool == "avg",
-    )  # fmt: skip
+    )
     assert got.shape == (3, *grid) and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert got.amin() >= 0 and torch.allclose(got.flatten(1).amax(1), torch.ones(3))
@@ -480,9 +491,16 @@ def local_attention_model(g: int, scale: float) -> VisionTransformer:
     features f (zero mean, constant norm, so LayerNorm only rescales them), q = k = projection, and
     zero attention/MLP outputs so every layer sees the same tokens."""
     cfg = vit_core.ViTConfig(
-        img_size=4 * g, patch_size=4, in_chans=1, embed_dim=8, depth=2, num_heads=2, num_classes=3,
-        mean=(0.5,), std=(0.5,),
-    )  # fmt: skip
+        img_size=4 * g,
+        patch_size=4,
+        in_chans=1,
+        embed_dim=8,
+        depth=2,
+        num_heads=2,
+        num_classes=3,
+        mean=(0.5,),
+        std=(0.5,),
+    )
     model = vit_core.create_model(cfg).eval()
     rows, cols = torch.meshgrid(torch.arange(g), torch.arange(g), indexing="ij")
     w = math.pi / g

@@ -280,9 +280,18 @@ def test_pooled_conv_stem_against_brute_force():
     the token grid shrinks by stride x pool per layer, with ceil on odd sides."""
     torch.manual_seed(0)
     cfg = vit_core.ViTConfig(
-        img_size=(32, 20), patch_size=1, stem_channels=(4, 8), stem_strides=(1, 1), stem_pools=(2, 2),
-        embed_dim=16, depth=1, num_heads=2, global_pool="avg", class_token=False, num_classes=3,
-    )  # fmt: skip
+        img_size=(32, 20),
+        patch_size=1,
+        stem_channels=(4, 8),
+        stem_strides=(1, 1),
+        stem_pools=(2, 2),
+        embed_dim=16,
+        depth=1,
+        num_heads=2,
+        global_pool="avg",
+        class_token=False,
+        num_classes=3,
+    )
     model = vit_core.create_model(cfg).eval()
     for m in model.modules():  # non-trivial BatchNorm statistics
         if isinstance(m, torch.nn.BatchNorm2d):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 import vit_core
 from vit_core import explain
@@ -60,6 +60,21 @@ def test_cached_maps_are_the_librarys_maps(tmp_path, kind):
     grad = Settings(method="Gradient rollout", target=2)
     torch.testing.assert_close(analysis.relevance(a, grad, CPU), explain.gradient_rollout(a.model, x, 2)[0])
     assert list(a.gradient) == [2]  # cached per class
+
+
+@pytest.mark.parametrize("kind", ["token", "hybrid"])
+def test_probabilities_average_the_image_and_its_mirror(tmp_path, kind):
+    """The app's probabilities are those of `train eval --tta flip`: the mean of the softmax of the upload
+    and of its mirror (mirrored here before preprocessing, with PIL)."""
+    a = _analysis(tmp_path, kind)
+    img = Image.open(_photo(tmp_path))
+    tf = build_transform(a.model.pretrained_cfg)
+    with torch.no_grad():
+        expected = sum(a.model(tf(im)[None]).softmax(-1)[0] for im in (img, ImageOps.mirror(img))) / 2
+    torch.testing.assert_close(a.probs, expected, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():
+        plain = a.model(tf(img)[None]).softmax(-1)[0]
+    assert not torch.allclose(a.probs, plain, atol=1e-4)  # the mirror counts
 
 
 def test_analyses_are_cached_by_content_and_bounded(tmp_path):
@@ -181,8 +196,19 @@ def test_compare_scores_every_method_and_the_centre_baseline(tmp_path):
 
 
 def test_parameter_counts_read_well():
-    cases = {0: "0", 999: "999", 1000: "1.0K", 7930: "7.9K", 9960: "10K", 208_842: "209K", 999_600: "1.0M",
-             1_343_914: "1.3M", 86_567_656: "87M", 632_000_000: "632M", 2_500_000_000: "2.5B"}  # fmt: skip
+    cases = {
+        0: "0",
+        999: "999",
+        1000: "1.0K",
+        7930: "7.9K",
+        9960: "10K",
+        208_842: "209K",
+        999_600: "1.0M",
+        1_343_914: "1.3M",
+        86_567_656: "87M",
+        632_000_000: "632M",
+        2_500_000_000: "2.5B",
+    }
     assert {n: model_info.format_count(n) for n in cases} == cases
 
 
@@ -239,8 +265,11 @@ def test_batch_reads_images_and_zips_safely(tmp_path):
     single.write_bytes(_png_bytes("green"))
     items = batch.read_uploads([str(archive), str(single)])
     assert [i.name for i in items] == [
-        "photos.zip/a/one.png", "photos.zip/../../escape.png", "photos.zip/broken.jpg", "single.png"
-    ]  # fmt: skip
+        "photos.zip/a/one.png",
+        "photos.zip/../../escape.png",
+        "photos.zip/broken.jpg",
+        "single.png",
+    ]
     assert [i.image is not None for i in items] == [True, True, False, True]
     assert "photos.zip/broken.jpg" in items[2].error
     assert not (tmp_path.parent / "escape.png").exists()

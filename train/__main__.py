@@ -87,7 +87,12 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--subset", type=int, metavar="N", help="evaluate on N images (a fixed random subset)")
     p.add_argument("--device", default="auto")
     p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--tta", choices=TTA_MODES, help="test-time augmentation: flip averages the image and its mirror")
+    p.add_argument(
+        "--tta",
+        choices=TTA_MODES,
+        help="test-time augmentation: flip averages the image and its mirror; flip-translate adds the mirror pair "
+        "shifted by 1/32 of the side up-left and down-right",
+    )
     p.add_argument("--out", help="folder for eval_<split>.json and confusion_<split>.png (default: the model's folder)")
     p.add_argument("--no-progress", action="store_true")
     return p

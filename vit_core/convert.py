@@ -31,6 +31,7 @@ import torch
 
 from .checkpoint import CheckpointError, SizeLimits, load_model
 from .config import ViTConfig, get_config, list_models
+from .data.transforms import PIL_RESAMPLE
 from .model import VisionTransformer
 
 PREPROCESSOR_NAME = "preprocessor_config.json"  # transformers' image processor settings
@@ -38,7 +39,7 @@ MAX_NPZ_ARRAYS = 10_000  # ViT-H/14 has about 400, R50+ViT-L/32 about 600
 
 # PIL resampling codes, as transformers' image processors store them, for the filters vit_core.data
 # applies; the others (1 lanczos, 4 box, 5 hamming) fall back to bilinear, transformers' default.
-_PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+_RESAMPLE_NAMES = {int(code): name for name, code in PIL_RESAMPLE.items()}
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
@@ -105,7 +106,7 @@ def transformers_config(
         else:
             fields["mean"], fields["std"] = (0.0,) * channels, (1.0,) * channels
         resample = preprocessor.get("resample")
-        fields["interpolation"] = _PIL_RESAMPLE.get(resample, "bilinear") if isinstance(resample, int) else "bilinear"
+        fields["interpolation"] = _RESAMPLE_NAMES.get(resample, "bilinear") if isinstance(resample, int) else "bilinear"
     try:
         return ViTConfig(**fields)
     except ValueError as e:

@@ -116,6 +116,8 @@ class _Run:
         train_set, test_set = build_datasets(recipe, config.pretrained_cfg())
         self.classes = None if self.mpp else list(train_set.classes)
         self.net = build_network(recipe, init, self.classes).to(procs.device)
+        if recipe.channels_last:  # convolutions then run in NHWC whatever the input's layout
+            self.net = self.net.to(memory_format=torch.channels_last)
         self.model: VisionTransformer = self.net.vit if self.mpp else self.net
         seed_all(recipe.seed + procs.rank)  # the same weights everywhere; one augmentation stream per process
 

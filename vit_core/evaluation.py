@@ -1,5 +1,5 @@
 """Evaluation: accuracy, loss and the confusion matrix of a model over batches, of a checkpoint on a
-dataset split (optionally with test-time flip averaging), and the files that record a result."""
+dataset split (optionally with test-time augmentation), and the files that record a result."""
 
 from __future__ import annotations
 
@@ -22,7 +22,31 @@ from .figures import confusion_figure
 from .recipe import RecipeError
 from .run_folder import commit, write_json
 
-TTA_MODES = ("flip",)
+TTA_MODES = ("flip", "flip-translate")
+
+
+def tta_views(images: torch.Tensor, tta: str | None) -> list[tuple[torch.Tensor, float]]:
+    """The (view, weight) pairs whose softmaxes are averaged for a prediction; the weights sum to 1.
+
+    ``None``: the image alone. ``"flip"``: the image and its horizontal mirror, 1/2 each.
+    ``"flip-translate"`` (airbench's, Jordan 2024): those two at 1/4 each, and the mirror pair of the
+    image shifted by s = side/32 px (1 px at 32 px) down-right and up-left, reflect-padded, at 1/8 each.
+    """
+    _check_tta(tta)
+    if tta is None:
+        return [(images, 1.0)]
+    views = [(images, 1.0)]
+    if tta == "flip-translate":
+        H, W = images.shape[-2:]
+        s = max(1, round(W / 32))
+        padded = F.pad(images, (s, s, s, s), mode="reflect")
+        views = [(images, 0.5), (padded[..., :H, :W], 0.25), (padded[..., 2 * s :, 2 * s :], 0.25)]
+    return [(v, w / 2) for view, w in views for v in (view, view.flip(-1))]
+
+
+def _check_tta(tta: str | None) -> None:
+    if tta not in (None, *TTA_MODES):
+        raise RecipeError(f"tta must be None or one of {', '.join(TTA_MODES)}, got {tta!r}")
 
 
 @torch.no_grad()
@@ -39,10 +63,9 @@ def evaluate(
     columns: predicted) of ``model`` over ``batches`` of (images, labels). Under DDP each process passes
     its share and all get the totals.
 
-    ``tta="flip"``: the prediction is the mean of the softmax of each image and of its horizontal mirror
-    (test-time augmentation); the loss is the cross-entropy of that mean."""
-    if tta not in (None, *TTA_MODES):
-        raise RecipeError(f"tta must be None or one of {', '.join(TTA_MODES)}, got {tta!r}")
+    ``tta`` (test-time augmentation, see :func:`tta_views`): the prediction is the weighted mean of the
+    softmaxes of the image's views; the loss is the cross-entropy of that mean."""
+    _check_tta(tta)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -50,16 +73,11 @@ def evaluate(
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, top-5 hits, count
     for x, y in tqdm(batches, desc="eval", leave=False, disable=not progress):
         with autocast():
-            logits = model(x)
-            mirrored = model(x.flip(-1)) if tta == "flip" else None
-        logits = logits.float()
-        if mirrored is None:
-            sums[0] += F.cross_entropy(logits, y, reduction="sum")
-        else:  # log of the mean of the two softmaxes, computed stably
-            pair = torch.stack([logits.log_softmax(-1), mirrored.float().log_softmax(-1)])
-            logits = torch.logsumexp(pair, dim=0) - math.log(2)
-            sums[0] += F.nll_loss(logits, y, reduction="sum")
-        top = logits.topk(min(5, num_classes), dim=-1).indices
+            views = [(model(v).float().log_softmax(-1), w) for v, w in tta_views(x, tta)]
+        # log of the weighted mean of the views' softmaxes, computed stably
+        logp = torch.logsumexp(torch.stack([lp + math.log(w) for lp, w in views]), dim=0)
+        sums[0] += F.nll_loss(logp, y, reduction="sum")
+        top = logp.topk(min(5, num_classes), dim=-1).indices
         sums[1] += (top == y[:, None]).any(-1).sum()
         sums[2] += len(y)
         confusion += torch.bincount(y * num_classes + top[:, 0], minlength=num_classes * num_classes)
@@ -123,8 +141,8 @@ def evaluate_checkpoint(
     tta: str | None = None,
 ) -> dict[str, Any]:
     """Top-1 / top-5 / loss / confusion matrix of a checkpoint (run folder, Hub id, timm:<name>) on a
-    dataset split, preprocessed as the checkpoint's config says; ``tta="flip"`` averages each image's
-    prediction with its mirror's (see :func:`evaluate`). Adds ``labels``, ``model``, ``data``, ``split``
+    dataset split, preprocessed as the checkpoint's config says; ``tta`` averages each image's
+    prediction over its views (see :func:`tta_views`). Adds ``labels``, ``model``, ``data``, ``split``
     and ``tta`` to :func:`evaluate`'s result."""
     procs = setup_processes(device)
     try:

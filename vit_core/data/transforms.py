@@ -23,7 +23,7 @@ _INTERPOLATION = {
     "bilinear": InterpolationMode.BILINEAR,
     "bicubic": InterpolationMode.BICUBIC,
 }
-_PIL_RESAMPLE = {
+PIL_RESAMPLE = {  # interpolation name -> PIL filter (convert.py reads transformers' codes with it)
     "nearest": Image.Resampling.NEAREST,
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
@@ -107,7 +107,7 @@ class ImageTransform:
         hparams = {
             "translate_const": int(min(self.size) * 0.45),
             "img_mean": tuple(min(255, round(255 * float(m))) for m in self.mean.flatten()),
-            "interpolation": _PIL_RESAMPLE[self.interpolation],
+            "interpolation": PIL_RESAMPLE[self.interpolation],
         }
         if self.in_chans == 1:
             hparams["img_mean"] = hparams["img_mean"][0]  # PIL wants a scalar fill for "L"
@@ -262,11 +262,11 @@ def _resize_center_crop(
             img = TF.resize(img, [sh, sw], interpolation=_INTERPOLATION[interpolation], antialias=True)
         return TF.center_crop(img, [ch, cw])
     if sh * sw <= 1 << 24:  # the usual case: exactly timm's resize, then crop
-        return TF.center_crop(img.resize((sw, sh), _PIL_RESAMPLE[interpolation]), [ch, cw])
+        return TF.center_crop(img.resize((sw, sh), PIL_RESAMPLE[interpolation]), [ch, cw])
     # Extreme aspect ratios (a 1x20000 strip would become 248x5 million pixels): resample only the region
     # the crop keeps. Same sampling positions and filter; only the rounding between PIL's two passes may differ.
     oh, ow, box = _crop_region(h, w, size, crop_pct, squash)
-    img = img.resize((ow, oh), _PIL_RESAMPLE[interpolation], box=box)
+    img = img.resize((ow, oh), PIL_RESAMPLE[interpolation], box=box)
     return img if (oh, ow) == (ch, cw) else TF.center_crop(img, [ch, cw])
 
 
