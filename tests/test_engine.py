@@ -371,6 +371,27 @@ def test_resume_in_memory_fast_path(tmp_path):
     _same_run(tmp_path / "full", tmp_path / "cut")
 
 
+def test_channels_last_trains_the_same_model(tmp_path):
+    """channels_last (NHWC convolutions) is a runtime key: a pooled conv-stem hybrid trained with it ends with
+    the weights of the run without it (up to float rounding), writes contiguous safetensors that load, and a
+    run may switch it when resuming."""
+    data = make_image_folder(tmp_path / "data")
+    stem = dict(TINY, patch_size=1, stem_channels=(4, 8), stem_strides=(1, 1), stem_pools=(2, 2))
+    recipe = tiny_recipe(data, model_args=stem)
+    train(recipe, tmp_path / "nchw", progress=False)
+    train(recipe | {"channels_last": True}, tmp_path / "nhwc", stop_after=1, progress=False)
+    conv = torch.load(tmp_path / "nhwc" / "checkpoint.pt", weights_only=True)["model"][
+        "patch_embed.backbone.layers.1.conv.weight"
+    ]
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()  # it did run NHWC
+    train(recipe, tmp_path / "nhwc", resume=True, progress=False)
+    _assert_consistent(tmp_path / "nhwc", 2)
+    a, b = _weights(tmp_path / "nchw"), _weights(tmp_path / "nhwc")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=1e-3, msg=k)
+
+
 def test_resume_guards(tmp_path):
     data = make_image_folder(tmp_path / "data")
     recipe = tiny_recipe(data, epochs=2, model_args=dict(TINY, mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2)))
