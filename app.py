@@ -32,12 +32,15 @@ from vit_core.data import ImageDataError, load_image
 from webapp import batch as batch_mode
 from webapp import explorer, model_info, render
 from webapp.analysis import (
+    GRADIENT,
     METHODS,
     PREDICTED,
+    RISE,
     Analysis,
     Settings,
     analyse,
     check_top_k,
+    default_method,
     explained_class,
     parse_settings,
     relevance,
@@ -106,7 +109,7 @@ def _analysis(image: str | None, model_choice: str) -> Analysis:
 
 def _explains(a: Analysis, s: Settings) -> str:
     names, predicted = a.names, int(a.probs.argmax())
-    if s.method != "Gradient rollout":
+    if s.method not in (RISE, GRADIENT):
         return f"Map explains: {names[predicted]}, the prediction (attention maps are the same for every class)"
     target = explained_class(a, s)
     why = "the predicted class" if target == predicted else f"chosen; the model predicts {names[predicted]}"
@@ -117,7 +120,7 @@ def _explains(a: Analysis, s: Settings) -> str:
 def classify(
     image: str | None,
     model_choice: str = BUNDLED_LABEL,
-    method: str = METHODS[0],
+    method: str | None = None,
     target: str = PREDICTED,
     layer: int = -1,
     head: str = "mean",
@@ -125,15 +128,18 @@ def classify(
     discard_ratio: float = 0.0,
     opacity: float = 0.5,
     top_k: int = 5,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's idiom)
 ) -> tuple[dict[str, float], Image.Image, float, str, str]:
     """Top-k classes; the image with a relevance map over the region the model saw (with a colour bar);
     the compute time in ms (decode, model and map; a cached forward pass is reused when only the settings
-    change); the prediction in words ("Not sure — maybe ..." below 50%); and the class the map explains."""
+    change); the prediction in words ("Not sure — maybe ..." below 50%); and the class the map explains.
+    ``method`` None: the model's default (``default_method``: RISE where it fits the server's budget)."""
     t0 = time.perf_counter()
     a = _analysis(image, model_choice)
+    method = method or default_method(a.model, MODELS.device)
     s = parse_settings(a.model, method, target, layer, head, head_fusion, discard_ratio, opacity)
     k = check_top_k(top_k, len(a.names))
-    heat = relevance(a, s, MODELS.device)
+    heat = relevance(a, s, MODELS.device, lambda f, desc: progress(f, desc=desc))
     compute_ms = (time.perf_counter() - t0) * 1000
     top = a.probs.topk(k)
     labels = {a.names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
@@ -214,8 +220,9 @@ def compare(
     opacity: float = 0.5,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's idiom)
 ) -> tuple[list[tuple[Image.Image, str]], list[list], str]:
-    """Attention rollout, gradient rollout, raw attention and a centre-Gaussian baseline for the same image
-    and class, each with its deletion AUC (lower is better) and insertion AUC (higher is better)."""
+    """RISE (where it fits the server's budget), attention rollout, gradient rollout, raw attention and a
+    centre-Gaussian baseline for the same image and class, each with its deletion AUC (lower is better) and
+    insertion AUC (higher is better)."""
     a = _analysis(image, model_choice)
     s = parse_settings(a.model, METHODS[0], target, layer, head, head_fusion, discard_ratio, opacity)
     scored = compare_methods(a, s, MODELS.device, lambda f, desc: progress(f, desc=desc))
@@ -237,7 +244,7 @@ def compare(
 def batch(
     files: list[str] | None,
     model_choice: str = BUNDLED_LABEL,
-    method: str = METHODS[0],
+    method: str = batch_mode.METHODS[0],
     top_k: int = 5,
     opacity: float = 0.5,
 ) -> tuple[list[tuple[Image.Image, str]], str, str]:
@@ -265,7 +272,7 @@ def inspect(model_choice: str = BUNDLED_LABEL) -> tuple[Image.Image, Image.Image
 
 
 def _model_updates(model_choice: str) -> tuple:
-    """Status line, facts line and controls fitted to a loaded model."""
+    """Status line, facts line and controls fitted to a loaded model, its default explanation selected."""
     model, _ = MODELS.load(model_choice)
     cfg = model.config
     size = f"{model_info.format_count(model.num_params())} parameters, {cfg.num_classes} classes"
@@ -279,6 +286,7 @@ def _model_updates(model_choice: str) -> tuple:
         gr.Dropdown(choices=heads, value="mean"),
         gr.Slider(minimum=-cfg.depth, maximum=cfg.depth - 1, value=-1, step=1),
         gr.Dropdown(choices=heads, value="mean"),
+        gr.Radio(value=default_method(model, MODELS.device)),
         model_choice,
         gr.skip(),
     )
@@ -288,13 +296,13 @@ def on_model_change(model_choice: str, active: str, progress: gr.Progress = gr.P
     """Load the chosen model (with a progress indicator) and fit the controls to it. A model that fails to
     load leaves the previous one active: the status line says why, and the picker goes back to it."""
     if model_choice == active:
-        return (gr.skip(),) * 9  # the picker was set back after a failed load, or nothing changed
+        return (gr.skip(),) * 10  # the picker was set back after a failed load, or nothing changed
     progress(0.1, desc=f"Loading {model_choice}")
     try:
         return _model_updates(model_choice)
     except gr.Error as e:
         status = f"⚠️ {e.message} Still using **{active}**."
-        return (status, *(gr.skip(),) * 7, gr.Dropdown(value=active))
+        return (status, *(gr.skip(),) * 8, gr.Dropdown(value=active))
 
 
 def _example_label(path: str) -> str:
@@ -338,14 +346,14 @@ def build_ui(default_model: str) -> gr.Blocks:
                     elem_id="image",
                 )
                 button = gr.Button("Classify", variant="primary", elem_id="classify")
-                method = gr.Radio(list(METHODS), value=METHODS[0], label="Explanation")
+                method = gr.Radio(list(METHODS), value=default_method(model, MODELS.device), label="Explanation")
                 with gr.Accordion("Explanation settings", open=False):
                     # choices follow the loaded model; other values are checked server-side
                     target = gr.Dropdown(
                         [PREDICTED, *classes],
                         value=PREDICTED,
                         allow_custom_value=True,
-                        label="Class to explain (gradient rollout)",
+                        label="Class to explain (RISE, gradient rollout)",
                     )
                     layer = gr.Slider(-depth, depth - 1, value=-1, step=1, label="Layer (raw attention; -1 = last)")
                     head = gr.Dropdown(
@@ -426,6 +434,7 @@ def build_ui(default_model: str) -> gr.Blocks:
             files = gr.File(
                 file_count="multiple", file_types=["image", ".zip"], type="filepath", label="Images", elem_id="files"
             )
+            batch_method = gr.Radio(list(batch_mode.METHODS), value=batch_mode.METHODS[0], label="Explanation")
             batch_button = gr.Button("Classify all", variant="primary")
             batch_note = gr.Textbox(label="Summary", interactive=False, elem_id="batch-note")
             batch_gallery = gr.Gallery(
@@ -501,7 +510,7 @@ def build_ui(default_model: str) -> gr.Blocks:
         )
         batch_button.click(
             gpu(batch),
-            [files, model_choice, method, top_k, opacity],
+            [files, model_choice, batch_method, top_k, opacity],
             [batch_gallery, batch_csv, batch_note],
             api_name="batch",
         )
@@ -509,7 +518,7 @@ def build_ui(default_model: str) -> gr.Blocks:
             gpu(inspect), model_choice, [fig_filters, fig_similarity, fig_distance, summary], api_name="inspect"
         )
 
-        model_outputs = [status, facts, target, layer, head, ex_layer, ex_head, active, model_choice]
+        model_outputs = [status, facts, target, layer, head, ex_layer, ex_head, method, active, model_choice]
         model_choice.change(on_model_change, [model_choice, active], model_outputs, api_visibility="private")
         demo.load(
             lambda choice: _model_updates(choice)[:-1], model_choice, model_outputs[:-1], api_visibility="private"

@@ -10,6 +10,7 @@ Starts the app on 127.0.0.1 and times, through ``gradio_client`` (request to fil
 - explorer click: ``/explore`` at another point, what a click on a patch computes (cached; the click also
   redraws the picture clicked on);
 
+all with attention rollout (the explorer's own map; RISE, the default, costs hundreds of forward passes),
 and prints their medians and the ratios of the re-render and the click to a plain classify (target <= 1.5).
 Then the same in-process, without HTTP: the handlers the UI calls (``classify``, ``rerender`` and
 ``on_select``, the click handler, which also redraws the picture clicked on, with the patch outlined).
@@ -29,6 +30,7 @@ from PIL import Image
 
 import app
 from webapp import explorer, render
+from webapp.analysis import ROLLOUT
 
 PHOTO = Path(app.ROOT) / "examples" / "cat_chelsea.jpg"
 
@@ -53,9 +55,7 @@ def _report(title: str, times: dict[str, list[float]]) -> None:
 def _in_process(fresh: list[str], same: str, repeats: int) -> dict[str, list[float]]:
     """The UI's handlers called directly: what a click or a settings change computes on the server."""
     choice = app.MODELS.default
-    settings = dict(
-        method=app.METHODS[0], target=app.PREDICTED, layer=-1, head="mean", head_fusion="mean", discard_ratio=0.0
-    )
+    settings = dict(method=ROLLOUT, target=app.PREDICTED, layer=-1, head="mean", head_fusion="mean", discard_ratio=0.0)
     a = app._analysis(same, choice)
     vw = render.fit(a.shown.size, explorer.VIEW_SIDE)[0]
     left, top, right, bottom = (v * vw / a.size[0] for v in a.crop)
@@ -110,10 +110,10 @@ def main() -> None:
             left = (w - min(w, h)) / 2
             points = [(left + (i * 37) % min(w, h), (i * 53) % min(w, h)) for i in range(args.repeats + 1)]
             calls = {
-                "classify, new photo": lambda i: client.predict(fresh[i], api_name="/classify"),
-                "classify, same photo": lambda i: client.predict(same, api_name="/classify"),
+                "classify, new photo": lambda i: client.predict(fresh[i], method=ROLLOUT, api_name="/classify"),
+                "classify, same photo": lambda i: client.predict(same, method=ROLLOUT, api_name="/classify"),
                 "live re-render (opacity)": lambda i: client.predict(
-                    same, opacity=0.3 + 0.6 * (i % 2), api_name="/classify"
+                    same, method=ROLLOUT, opacity=0.3 + 0.6 * (i % 2), api_name="/classify"
                 ),
                 "explorer click": lambda i: client.predict(same, x=points[i][0], y=points[i][1], api_name="/explore"),
             }

@@ -26,7 +26,8 @@ images, the fully mean-filled images and the fully blurred images, with the blur
 Methods are given as ``name`` or ``name(key=value,...)``, the keywords going to the function:
 ``rollout`` (``explain.attention_rollout``: head_fusion, discard_ratio, start_layer), ``gradient``
 (``explain.gradient_rollout``), ``attention`` (``explain.attention_maps``: layer, head; the last layer and
-the mean of the heads by default), ``centre`` (``explain.centre_gaussian_map``: sigma) and ``random``.
+the mean of the heads by default), ``rise`` (``explain.rise``: n_masks, cells, p_keep, seed), ``centre``
+(``explain.centre_gaussian_map``: sigma) and ``random``.
 ``--out FILE.md`` writes the tables to FILE.md and the numbers to FILE.json.
 """
 
@@ -49,13 +50,14 @@ import vit_core
 from vit_core import explain
 from vit_core.data import build_dataset, build_transform
 
-DEFAULT_METHODS = ("rollout", "gradient", "attention", "random", "centre")
+DEFAULT_METHODS = ("rise", "rollout", "gradient", "attention", "random", "centre")
 NAMES = {
     "rollout": "attention rollout",
     "gradient": "gradient rollout",
     "attention": "raw attention (last layer, mean of heads)",
     "random": "random map",
     "centre": "centre Gaussian",
+    "rise": f"RISE ({explain.RISE_MASKS} masks)",
 }
 BASELINES = ("mean", "blur")
 RISE_SIGMA_PX_AT_224 = 5.0  # RISE's insertion blur, the blur baseline's σ before the fix
@@ -89,6 +91,7 @@ def parse_method(spec: str, seed: int) -> explain.MapFn:
         "gradient": explain.gradient_rollout,
         "attention": explain.attention_maps,
         "centre": explain.centre_gaussian_map,
+        "rise": explain.rise,
     }
     m = re.fullmatch(r"(\w+)(?:\((.*)\))?", spec.replace(" ", ""))
     if m is None or m[1] not in (*functions, "random"):
@@ -150,8 +153,8 @@ def score(
 ) -> dict:
     """Deletion/insertion AUC of every method on every baseline, with paired comparisons to ``centre``.
 
-    Each method's maps are computed once, on all the images, then scored ``chunk`` images at a time (a
-    progress bar step each). Returns ``{"probability": end_points(...), "results": [row, ...]}`` with one
+    Each method's maps are computed once, ``chunk`` images at a time, then scored ``chunk`` images at a time
+    (a progress bar step each). Returns ``{"probability": end_points(...), "results": [row, ...]}`` with one
     row per (baseline, method): the AUCs' mean and standard error, the paired differences from the centre
     map (mean, standard error), the fractions of images on which the method's deletion is lower /
     insertion higher than the centre map's, and whether it beats the centre map (both beyond 2 SE).
@@ -162,10 +165,19 @@ def score(
     with torch.no_grad():
         logits = torch.cat([model(c) for c in images.split(batch_size)])
     target = logits.argmax(-1)
-    maps = {spec: parse_method(spec, seed)(model, images).detach() for spec in methods}
+    bar = tqdm(total=len(methods) * len(images), unit="img", desc="maps", disable=not progress)
+    maps = {}
+    for spec in methods:
+        fn = parse_method(spec, seed)
+        parts = []
+        for i in range(0, len(images), chunk):
+            parts.append(fn(model, images[i : i + chunk]).detach())
+            bar.update(len(parts[-1]))
+        maps[spec] = torch.cat(parts)
+    bar.close()
 
     per_image: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-    bar = tqdm(total=len(baselines) * len(methods) * len(images), unit="img", disable=not progress)
+    bar = tqdm(total=len(baselines) * len(methods) * len(images), unit="img", desc="scores", disable=not progress)
     for baseline in baselines:
         for spec in methods:
             parts = []

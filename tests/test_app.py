@@ -94,15 +94,15 @@ def test_classify_a_real_photo(server):
     assert isinstance(compute_ms, float) and 0 < compute_ms < 60_000
     top, p = confidences[0]["label"], confidences[0]["confidence"]
     assert verdict == f"{top} ({p:.0%})" if p >= 0.5 else verdict.startswith(f"Not sure — maybe {top} (")
-    assert explains.startswith(f"Map explains: {top}")
+    assert explains == f"Map explains: {top} (the predicted class)"  # RISE, the default: class-specific
 
 
-@pytest.mark.parametrize("method", ["Gradient rollout", "Raw attention"])
+@pytest.mark.parametrize("method", ["RISE (random masks)", "Gradient rollout", "Raw attention"])
 def test_other_explanations(server, method):
     _, client, _ = server
     labels, overlay, _, _, explains = _classify(client, CAT, method=method, target="dog", layer=0, head="1")
     _same_width_with_colour_bar(overlay, Image.open(CAT).size)
-    if method == "Gradient rollout":  # the class the map explains is named, with the prediction
+    if method != "Raw attention":  # the class the map explains is named, with the prediction
         assert explains.startswith("Map explains: dog (") and labels["label"] in explains
     else:
         assert explains.startswith(f"Map explains: {labels['label']}")
@@ -276,8 +276,9 @@ def test_explore_refuses_points_outside_the_crop_and_bad_layers(server):
 def test_compare_scores_each_method_against_the_centre_baseline(server):
     _, client, _ = server
     gallery, table, text = client.predict(handle_file(str(CAT)), api_name="/compare")
-    assert len(gallery) == 4 and "class" in text
+    assert len(gallery) == 5 and "class" in text
     assert [row[0] for row in table["data"]] == [
+        "RISE (random masks)",
         "Attention rollout",
         "Gradient rollout",
         "Raw attention",
@@ -317,6 +318,8 @@ def test_batch_of_files_and_a_zip_gives_a_gallery_and_a_csv(server, tmp_path):
     assert rows[1].split(",")[3] in LABELS and "not an image" in rows[4]
     with pytest.raises(AppError, match="Upload"):
         client.predict([], api_name="/batch")
+    with pytest.raises(AppError, match="not in the list of choices"):  # hundreds of passes per image: not here
+        client.predict([handle_file(str(CAT))], method="RISE (random masks)", api_name="/batch")
 
 
 def test_unloadable_model_gives_a_clear_error_and_the_app_keeps_serving(server):

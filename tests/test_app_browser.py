@@ -208,6 +208,7 @@ def test_settings_re_render_without_pressing_classify(page):
     page.locator("#verdict").get_by_text("%").wait_for()
     explains = page.locator("#explains")
     assert "Map explains:" in explains.inner_text()
+    assert page.get_by_role("radio", name="RISE (random masks)").is_checked()  # the bundled model's default
     _loaded(page, "#overlay")
     _shot(page, "classify")
 

@@ -307,3 +307,31 @@ def test_pooled_conv_stem_against_brute_force():
     with torch.no_grad():
         assert torch.allclose(model.patch_embed.backbone(x), h, atol=1e-5)
         assert model(x).shape == (2, 3)
+
+
+@pytest.mark.parametrize("class_token, pool", [(True, "token"), (False, "avg")])
+def test_forward_flops_against_the_hand_count(class_token, pool):
+    """Multiply-adds counted by hand (2 FLOPs each): the patch projection, per block q/k/v, output projection,
+    MLP and the two attention products (scores and weighted sum), and the head. Norms, softmax and GELU
+    are not counted, as in the published GMAC tables."""
+    cfg = vit_core.ViTConfig(
+        img_size=(32, 48),
+        patch_size=8,
+        embed_dim=24,
+        depth=3,
+        num_heads=3,
+        mlp_ratio=2.0,
+        num_classes=7,
+        class_token=class_token,
+        global_pool=pool,
+    )
+    N, C, P, D, M, K, L = 4 * 6, 3, 8, 24, 48, 7, 3
+    T = N + class_token
+    want = 2 * N * D * C * P * P + L * (2 * T * (3 * D * D + D * D + 2 * D * M) + 2 * 2 * T * T * D) + 2 * D * K
+    assert vit_core.model.forward_flops(cfg) == want
+
+
+def test_forward_flops_of_vit_b16_is_the_published_17_6_gmacs():
+    """timm's model table lists vit_base_patch16_224 at 17.6 GMACs (35.1 GFLOPs)."""
+    flops = vit_core.model.forward_flops(vit_core.config.get_config("vit_base_patch16_224"))
+    assert flops / 2 / 1e9 == pytest.approx(17.6, abs=0.05)

@@ -13,6 +13,10 @@ Relevance maps (all batched, all read from ``model(x, return_attention=True)``: 
 - ``attention_maps``: one layer's raw attention (one head, or the mean over heads).
 - ``centre_gaussian_map``: a Gaussian centred on the token grid, the same for every image: the baseline
   a map must beat where objects sit in the middle of the frame (CIFAR-10, centre crops).
+- ``rise``: Petsiuk, Das & Saenko, "RISE: Randomized Input Sampling for Explanation of Black-box Models"
+  (BMVC 2018): the expected class probability when a pixel is kept under random smooth masks. Needs
+  only the output (it explains a hybrid's CNN too) at the cost of hundreds of forward passes per image;
+  pixel-resolution maps.
 
 Conventions shared by all maps:
 
@@ -27,7 +31,8 @@ Conventions shared by all maps:
   (hybrids pad 'same'), so non-square inputs work.
 - Maps are (B, grid_h, grid_w) float32, divided by their per-image maximum (so the largest entry is 1
   and ratios between patches are kept; an all-zero map stays zero). ``attention_maps`` returns the
-  raw probabilities instead.
+  raw probabilities instead; ``rise`` returns (B, H, W) maps at the input's resolution, shifted to
+  minimum 0 before the division (its relevance is a probability with a floor, not a share).
 - Inputs are model-ready tensors (resized and normalised with ``model.config.mean/std``). The model is
   put in eval mode for the call and restored afterwards; parameters' ``.grad`` is never touched.
 
@@ -53,6 +58,7 @@ HEAD_FUSIONS = ("mean", "max", "min")
 
 CENTRE_SIGMA = 0.25  # centre_gaussian_map's σ, a fraction of each side of the token grid
 BLUR_SIGMA = 0.25  # the blur baseline's σ, a fraction of each side of the image
+RISE_MASKS, RISE_CELLS, RISE_P_KEEP = 500, 4, 0.5  # rise's defaults: masks per image, grid side, kept share
 
 
 # -------------------------------------------------------------------------------------- helpers
@@ -263,6 +269,68 @@ def centre_gaussian_map(model: nn.Module, images: torch.Tensor, sigma: float = C
     cols = (torch.arange(w, device=images.device, dtype=torch.float32) - (w - 1) / 2) / (sigma * w)
     g = torch.exp(-0.5 * (rows[:, None] ** 2 + cols[None, :] ** 2))
     return (g / g.amax()).expand(images.shape[0], h, w).clone()
+
+
+def rise_masks(
+    n: int, size: tuple[int, int], cells: int = RISE_CELLS, p_keep: float = RISE_P_KEEP, seed: int = 0
+) -> torch.Tensor:
+    """RISE's random masks (Petsiuk et al. 2018, section 3.2): (n, 1, H, W) float32 in [0, 1].
+
+    Each mask starts as a ``cells`` x ``cells`` grid of independent Bernoulli(``p_keep``) cells, is upsampled
+    bilinearly to ``(cells + 1)`` cells of ``ceil(side / cells)`` pixels and cropped to ``size`` at a random
+    offset of less than one cell, so that the kept regions are smooth and fall anywhere, not only on a grid.
+    The same ``seed`` gives the same masks on every machine (CPU generator)."""
+    H, W = size
+    ch, cw = -(-H // cells), -(-W // cells)
+    g = torch.Generator().manual_seed(seed)
+    grid = (torch.rand(n, 1, cells, cells, generator=g) < p_keep).float()
+    up = F.interpolate(grid, size=((cells + 1) * ch, (cells + 1) * cw), mode="bilinear", align_corners=False)
+    up = up.clamp_(0.0, 1.0)  # bilinear weights can sum to 1 + 1 ulp
+    dy = torch.randint(0, ch, (n,), generator=g).tolist()
+    dx = torch.randint(0, cw, (n,), generator=g).tolist()
+    return torch.stack([up[i, :, y : y + H, x : x + W] for i, (y, x) in enumerate(zip(dy, dx, strict=True))])
+
+
+def rise(
+    model: nn.Module,
+    images: torch.Tensor,
+    target: int | Sequence[int] | torch.Tensor | None = None,
+    n_masks: int = RISE_MASKS,
+    cells: int = RISE_CELLS,
+    p_keep: float = RISE_P_KEEP,
+    batch_size: int = 256,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> torch.Tensor:
+    """RISE, randomized input sampling (Petsiuk et al., BMVC 2018): (B, H, W) maps in [0, 1] at the input's
+    resolution, for ``target`` (None: each image's predicted class; an int; or one class per image).
+
+    The model sees the image through ``n_masks`` random masks (``rise_masks``; masked pixels take zero,
+    the dataset mean colour in normalised input space, as the deletion/insertion ``"mean"`` baseline), and
+    each pixel's relevance is the expected probability of the target class when that pixel is kept,
+    eq. (6): ``S(λ) = 1 / (E[M] N) Σ_i p_t(I ⊙ M_i) M_i(λ)``. The map is shifted to minimum 0 and divided
+    by its maximum. It asks only for the model's output, no attention or gradient, so it explains the
+    whole network (a hybrid's CNN included), and it costs ``n_masks`` forward passes per image.
+    ``progress(done, total)`` is called after each batch of masked images.
+    """
+    if n_masks < 1 or cells < 1 or not 0.0 < p_keep < 1.0:
+        raise ValueError(f"need n_masks >= 1, cells >= 1 and p_keep in (0, 1); got {n_masks}, {cells}, {p_keep}")
+    B, _, H, W = images.shape
+    masks = rise_masks(n_masks, (H, W), cells, p_keep, seed).to(images.device, images.dtype)
+    out = torch.zeros(B, H, W, device=images.device, dtype=torch.float32)
+    with _eval_mode(model), torch.no_grad():
+        t = _targets(target, model(images))
+        done, total = 0, B * n_masks
+        for b in range(B):
+            for m in masks.split(batch_size):
+                p = model(images[b] * m).float().softmax(dim=-1)[:, t[b]]
+                out[b] += torch.einsum("n,nhw->hw", p, m[:, 0].float())
+                done += len(m)
+                if progress is not None:
+                    progress(done, total)
+    out = out / (n_masks * p_keep)
+    out = out - out.amin(dim=(1, 2), keepdim=True)
+    return out / out.amax(dim=(1, 2), keepdim=True).clamp_min(torch.finfo(out.dtype).tiny)
 
 
 # ----------------------------------------------------------------------- figure 7 of the paper

@@ -13,6 +13,7 @@ between the two libraries unchanged.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode
 
 from .config import ViTConfig
 from .hybrid import ConvStem, ResNetV2Stem
@@ -446,6 +448,20 @@ def activation_bytes(cfg: ViTConfig) -> int:
     maps = _cnn_feature_maps(cfg)
     cnn = 2 * max((c * -(-h // stride) * -(-w // stride) for c, stride in maps), default=0)
     return 4 * (cfg.in_chans * h * w + cnn + cfg.depth * heads * T * T + block)
+
+
+@functools.lru_cache(maxsize=64)
+def forward_flops(cfg: ViTConfig) -> int:
+    """Floating-point operations of one image's forward pass at ``cfg``'s input size (a multiply-add
+    counts 2), counted by PyTorch's ``FlopCounterMode`` on a model built on the meta device: exact for
+    the convolutions and matrix products, no weights allocated, no arithmetic run. What perturbation
+    explanations (``explain.rise``: one forward pass per mask) cost, from the config alone."""
+    with torch.device("meta"):
+        model = VisionTransformer(cfg)
+        x = torch.empty(1, cfg.in_chans, *cfg.img_hw)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(x)
+    return counter.get_total_flops()
 
 
 def _cnn_feature_maps(cfg: ViTConfig) -> list[tuple[int, int]]:

@@ -26,8 +26,13 @@ from torch import nn
 
 from vit_core import VisionTransformer, explain
 from vit_core.data import load_image
+from vit_core.model import forward_flops
 
-METHODS = ("Attention rollout", "Gradient rollout", "Raw attention")
+RISE, ROLLOUT, GRADIENT, RAW = "RISE (random masks)", "Attention rollout", "Gradient rollout", "Raw attention"
+METHODS = (RISE, ROLLOUT, GRADIENT, RAW)
+# What one RISE map may cost (explain.RISE_MASKS forward passes), in FLOPs: about 2 s on a 2-core CPU
+# (the bundled model: 500 x 0.26 GFLOP); on a GPU, ViT-L/16 at 384 px fits.
+RISE_BUDGET = {"cpu": 2e11, "cuda": 2e14}
 PREDICTED = "(predicted class)"
 MAX_SIDE = 2048  # overlays of larger images are drawn on a copy downscaled to this long side
 MAX_PIXELS = 50_000_000  # larger uploads are refused before decoding (decompression bombs)
@@ -54,6 +59,7 @@ class Analysis:
     probs: torch.Tensor  # (num_classes,) float32, CPU: mean of the image's and its mirror's (mirror_mean)
     attentions: list[torch.Tensor]  # per block (1, heads, T, T) float32, CPU
     gradient: dict[int, torch.Tensor] = field(default_factory=dict)  # gradient rollout map per target class
+    rise: dict[int, torch.Tensor] = field(default_factory=dict)  # RISE map per target class
 
     @property
     def box(self) -> Box:
@@ -71,7 +77,7 @@ class Analysis:
         return -(-self.x.shape[-2] // stride), -(-self.x.shape[-1] // stride)
 
     def nbytes(self) -> int:
-        tensors = [self.x, self.probs, *self.attentions, *self.gradient.values()]
+        tensors = [self.x, self.probs, *self.attentions, *self.gradient.values(), *self.rise.values()]
         return sum(t.numel() * t.element_size() for t in tensors) + 3 * self.shown.width * self.shown.height
 
 
@@ -127,7 +133,7 @@ ANALYSES = AnalysisCache()
 def mirror_mean(logits: torch.Tensor, mirrored: torch.Tensor) -> torch.Tensor:
     """Class probabilities (B, classes) as ``train eval --tta flip`` computes them: the mean of the softmax
     of the image and of its mirror. Cheap (one more forward pass, no attentions kept), and right more
-    often: +0.77 points on the 10,000 CIFAR-10 test images for the bundled model."""
+    often: +0.95 points on the 10,000 CIFAR-10 test images for the bundled model."""
     return (logits.float().softmax(-1) + mirrored.float().softmax(-1)) / 2
 
 
@@ -175,11 +181,26 @@ def analyse(model: VisionTransformer, transform, model_key: str, path: str, devi
 # ---------------------------------------------------------------------------------------- settings
 
 
+def rise_flops(model: VisionTransformer) -> int:
+    """What one RISE map costs: ``explain.RISE_MASKS`` forward passes of the model."""
+    return explain.RISE_MASKS * forward_flops(model.config)
+
+
+def rise_affordable(model: VisionTransformer, device: torch.device) -> bool:
+    return rise_flops(model) <= RISE_BUDGET.get(device.type, RISE_BUDGET["cpu"])
+
+
+def default_method(model: VisionTransformer, device: torch.device) -> str:
+    """RISE where it fits the budget: it is the map that beats the centre-Gaussian baseline on the bundled
+    model (``bench/results/explain_cifar10_hybrid_pool.md``); else gradient rollout, one backward pass."""
+    return RISE if rise_affordable(model, device) else GRADIENT
+
+
 @dataclass(frozen=True)
 class Settings:
     """What a map is drawn with, checked against the model: requests are untrusted."""
 
-    method: str = METHODS[0]
+    method: str = RISE
     target: int | None = None  # class index; None: the predicted class
     layer: int = -1  # raw attention's block, negative from the end
     head: int | None = None  # None: mean over heads
@@ -286,12 +307,35 @@ def gradient_map(a: Analysis, target: int, device: torch.device) -> torch.Tensor
     return a.gradient[target]
 
 
-def relevance(a: Analysis, s: Settings, device: torch.device) -> torch.Tensor:
-    """The (grid_h, grid_w) map of ``s.method`` for the image."""
-    if s.method == "Gradient rollout":
+def rise_map(
+    a: Analysis, target: int, device: torch.device, progress: Callable[[float, str], None] | None = None
+) -> torch.Tensor:
+    """RISE runs ``explain.RISE_MASKS`` forward passes of the real model: refused over ``RISE_BUDGET``
+    (requests are untrusted), computed once per class, then cached."""
+    if not rise_affordable(a.model, device):
+        gflop = rise_flops(a.model) / 1e9
+        raise ValueError(
+            f"RISE needs {explain.RISE_MASKS} forward passes of this model ({gflop:,.0f} GFLOP), more than this "
+            f"server allows on its {device.type.upper()}; choose {GRADIENT} or {ROLLOUT}"
+        )
+    if target not in a.rise:
+        report = None if progress is None else (lambda done, total: progress(done / total, "RISE: masked images"))
+        with autocast(device):
+            heat = explain.rise(a.model, a.x.to(device), target=target, progress=report)
+        a.rise[target] = heat[0].float().cpu()
+    return a.rise[target]
+
+
+def relevance(
+    a: Analysis, s: Settings, device: torch.device, progress: Callable[[float, str], None] | None = None
+) -> torch.Tensor:
+    """The map of ``s.method`` for the image: (grid_h, grid_w), or (H, W) for RISE."""
+    if s.method == RISE:
+        return rise_map(a, explained_class(a, s), device, progress)
+    if s.method == GRADIENT:
         return gradient_map(a, explained_class(a, s), device)
     replay = _Replay(a)
-    if s.method == "Raw attention":
+    if s.method == RAW:
         return explain.attention_maps(replay, a.x, layer=s.layer, head=s.head)[0]
     return explain.attention_rollout(replay, a.x, head_fusion=s.head_fusion, discard_ratio=s.discard_ratio)[0]
 
@@ -307,14 +351,12 @@ def compare(
 ) -> list[tuple[str, torch.Tensor, float, float]]:
     """Each method's map for the explained class, and how faithful it is on this image: deletion AUC (lower
     is better) and insertion AUC (higher is better), ``explain.deletion_insertion_auc``. The centre-Gaussian
-    map ignores the image: a method that does no better than it says little about this image."""
+    map ignores the image: a method that does no better than it says little about this image. RISE is left
+    out where it is over ``RISE_BUDGET``."""
+    methods = [m for m in METHODS if m != RISE or rise_affordable(a.model, device)]
+    maps = {m: relevance(a, replace(s, method=m), device, progress) for m in methods}
+    maps[CENTRE] = explain.centre_gaussian_map(a.model, a.x)[0]
     target = explained_class(a, s)
-    maps = {
-        METHODS[0]: relevance(a, replace(s, method=METHODS[0]), device),
-        METHODS[1]: gradient_map(a, target, device),
-        METHODS[2]: relevance(a, replace(s, method=METHODS[2]), device),
-        CENTRE: explain.centre_gaussian_map(a.model, a.x)[0],
-    }
     x = a.x.to(device)
     scored = []
     for i, (name, heat) in enumerate(maps.items()):

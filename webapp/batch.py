@@ -26,7 +26,7 @@ from vit_core import VisionTransformer, explain
 from vit_core.data import ImageDataError, load_image
 
 from . import render
-from .analysis import MAX_PIXELS, Settings, autocast, mirror_mean
+from .analysis import GRADIENT, MAX_PIXELS, RAW, ROLLOUT, Settings, autocast, mirror_mean
 from .model_info import UNSURE_BELOW, verdict
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff"}
@@ -36,6 +36,7 @@ MAX_IMAGE_BYTES = 32 << 20  # one image, compressed size
 MAX_TOTAL_BYTES = 256 << 20  # all images of a batch, as read
 THUMB = 384  # long side of the gallery's overlays
 CHUNK = 16  # images per forward pass
+METHODS = (ROLLOUT, GRADIENT, RAW)  # maps from one forward (and backward) pass per chunk; not RISE
 OUT_DIR = Path(tempfile.gettempdir()) / "vit_core_app"  # CSVs, removed after an hour
 
 
@@ -122,7 +123,10 @@ def classify_batch(
 ) -> list[tuple[Image.Image, str]]:
     """Overlays with captions for the gallery, ``CHUNK`` images per forward pass; sets each item's ``probs``
     (with its mirror's, as the Classify tab: ``mirror_mean``).
-    The map is ``s.method`` for each image's predicted class (raw attention: the last layer, heads averaged)."""
+    The map is ``s.method`` for each image's predicted class (raw attention: the last layer, heads averaged);
+    RISE, hundreds of forward passes per image, is for the Classify tab only."""
+    if s.method not in METHODS:
+        raise ValueError(f"the Batch tab's explanations are {', '.join(METHODS)}; {s.method} is on the Classify tab")
     good = [i for i in items if i.image is not None]
     gallery = []
     names = model.class_names
@@ -130,9 +134,9 @@ def classify_batch(
         chunk = good[start : start + CHUNK]
         x = torch.stack([transform(i.image) for i in chunk]).to(device)
         with autocast(device):
-            if s.method == "Gradient rollout":
+            if s.method == GRADIENT:
                 logits, maps = explain.gradient_rollout(model, x, return_logits=True)
-            elif s.method == "Raw attention":
+            elif s.method == RAW:
                 logits, maps = explain.attention_maps(model, x, layer=-1, return_logits=True)
             else:
                 logits, maps = explain.attention_rollout(

@@ -28,7 +28,7 @@ recipe = dict(
     data="cifar10",
     augment=dict(crop="pad", padding=4, hflip=True),
     label_smoothing=0.1,
-    epochs=18,
+    epochs=20,
     batch_size=128,
     opt="adamw",
     lr=2e-3,
