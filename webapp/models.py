@@ -20,12 +20,9 @@ A public Space takes any text in ``/classify``'s ``model_choice`` from anyone, s
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import itertools
 import logging
 import os
-import platform
 import threading
 import time
 import traceback
@@ -50,6 +47,7 @@ from . import sizing
 from .access import Access, Choice, ModelError, default_choices, operator_choice
 from .catalog import AUTO, BUNDLED_LABEL, ROOT, imagenet_names, run_folders
 from .errors import log, public
+from .memory import release_memory
 
 __all__ = ["AUTO_MODEL", "BUNDLED_LABEL", "ROOT", "Models", "Settings", "add_arguments", "configure", "run_folders"]
 
@@ -363,25 +361,3 @@ def public_text(message: str, choice: Choice) -> str:
     it, and no server paths (``errors.public``)."""
     text = public(message, {choice.source: choice.label, os.path.realpath(choice.source): choice.label})
     return text.removeprefix(f"{choice.label}: ").removeprefix(f"{choice.label}/")
-
-
-def release_memory() -> None:
-    """Hand freed memory back to the OS: collect reference cycles, then ask glibc to return the free
-    heap pages it keeps (after a large failed load they would otherwise stay in the process's RSS)."""
-    gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _glibc() -> ctypes.CDLL | None:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim.argtypes = [ctypes.c_size_t]
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_LIBC = _glibc()
