@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import platform
 import re
 import socket
 import threading
@@ -347,6 +348,13 @@ def test_memory_is_returned_after_a_failed_load(tmp_path, monkeypatch):
         assert "unexpected error" in _error(m, str(folder), wait=120)
         m._failed.clear()
     assert _rss_mb() - before < 100
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc arenas are glibc's")
+def test_glibc_takes_the_arena_limit():
+    """The app's first step (``limit_arenas``): glibc accepts M_ARENA_MAX; the burst test in
+    test_app_security.py shows what it does to RSS."""
+    assert memory.limit_arenas(2)
 
 
 # ------------------------------------------------------------------------------------ what people read

@@ -16,12 +16,11 @@ import platform
 M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
-def limit_arenas(n: int = 2) -> None:
+def limit_arenas(n: int = 2) -> bool:
     """Let at most ``n`` malloc arenas serve all threads (``mallopt(M_ARENA_MAX, n)``), before the server
     starts its worker threads: Gradio runs each request on whichever thread of its pool is free, and every
-    arena keeps its own high-water mark of freed pages. A no-op outside glibc."""
-    if _LIBC is not None:
-        _LIBC.mallopt(M_ARENA_MAX, n)
+    arena keeps its own high-water mark of freed pages. Whether glibc took it (False outside glibc)."""
+    return _LIBC is not None and _LIBC.mallopt(M_ARENA_MAX, n) == 1
 
 
 def release_memory() -> None:
