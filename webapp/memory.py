@@ -3,7 +3,7 @@
 glibc keeps freed heap pages in its arenas (one per thread that allocated, up to 8 per core) for reuse, so
 a request that allocates large temporaries on a worker thread (RISE's batches of masked images, a failed
 load of a big checkpoint) leaves its peak in that thread's arena. Measured with the bundled model, 100
-RISE requests at once (``tests/test_app_security.py``): RSS 958 -> 1,011 MB with glibc's default arenas,
+RISE requests at once (``tests/test_app_security.py``): RSS 874 -> 940 MB with glibc's default arenas,
 870 -> 895 MB and then flat over two more bursts with ``limit_arenas``.
 """
 
