@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 import vit_core
 from train import apply_overrides, fit_warmup, list_recipes, load_recipe
-from train.__main__ import main
+from train.__main__ import main, train_parser
 from vit_core.recipe import Recipe, RecipeError
 
 from .test_engine import TINY, make_image_folder, one_thread  # noqa: F401  (autouse fixture)
@@ -108,6 +108,13 @@ def test_list(capsys):
 def test_unknown_recipe_key(capsys):
     err = cli_error(capsys, "--recipe", "mnist_tiny", "--set", "lrr=0.1")
     assert "unknown recipe key(s) lrr; valid keys:" in err and "batch_size" in err
+
+
+def test_repeated_set_options_all_apply(capsys):
+    assert train_parser().parse_args(["--set", "a=1", "--set", "b=2", "c=3"]).set == ["a=1", "b=2", "c=3"]
+    # the first --set is read too (argparse's default would keep only the last): its bad key is reported
+    err = cli_error(capsys, "--recipe", "mnist_tiny", "--set", "lrr=0.1", "--set", "lr=0.1")
+    assert "unknown recipe key(s) lrr" in err
 
 
 def test_unknown_recipe(capsys):

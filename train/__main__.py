@@ -70,7 +70,12 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-subset", type=int, metavar="N", help="evaluate on N test images")
     p.add_argument("--workers", type=int, help="DataLoader worker processes")
     p.add_argument(
-        "--set", nargs="+", default=[], metavar="KEY=VALUE", help="any recipe key, e.g. augment.re_prob=0.25"
+        "--set",
+        nargs="+",
+        action="extend",  # `--set a=1 --set b=2` keeps both, as `--set a=1 b=2` does
+        default=[],
+        metavar="KEY=VALUE",
+        help="any recipe key, e.g. augment.re_prob=0.25",
     )
     p.add_argument("--push-to-hub", metavar="REPO", help="upload the run to this Hugging Face Hub repo afterwards")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")

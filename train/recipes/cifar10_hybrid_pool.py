@@ -23,6 +23,7 @@ recipe = dict(
         mean=(0.4914, 0.4822, 0.4465),
         std=(0.2470, 0.2435, 0.2616),
         crop_pct=1.0,
+        crop_mode="squash",  # photos of any aspect are squashed whole to 32x32, as CIFAR's images were made
         interpolation="bicubic",
     ),
     data="cifar10",
