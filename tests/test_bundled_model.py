@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import vit_core
+from train import load_recipe
 from vit_core.data import build_dataset, build_transform, default_data_root, load_image
+from vit_core.recipe import Recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "models" / "cifar10_hybrid_pool"
@@ -19,8 +21,12 @@ def test_bundle_is_small_and_is_the_recipes_model():
     model = vit_core.from_pretrained(BUNDLE)
     assert model.label_names == json.loads((BUNDLE / "config.json").read_text())["label_names"]
     assert len(model.label_names) == 10
-    recipe = json.loads((BUNDLE / "recipe.json").read_text())
-    assert model.config.stem_channels == tuple(recipe["model_args"]["stem_channels"])
+    # two stages: cifar10_hybrid_pool builds and trains the model, cifar10_hybrid_pool_finetune continues from it
+    stages = {"stage1_recipe.json": "cifar10_hybrid_pool", "recipe.json": "cifar10_hybrid_pool_finetune"}
+    for record, name in stages.items():
+        assert json.loads((BUNDLE / record).read_text()) == Recipe.from_dict(load_recipe(name)).to_dict()
+    stage1 = json.loads((BUNDLE / "stage1_recipe.json").read_text())
+    assert model.config.stem_channels == tuple(stage1["model_args"]["stem_channels"])
     assert model.config.grid_size == (8, 8)
 
 

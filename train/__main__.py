@@ -199,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv[:1] == ["list"]:
-            for name, doc in list_recipes().items():
-                print(f"{name:24s} {doc}")
+            recipes = list_recipes()
+            width = max(map(len, recipes), default=0)
+            for name, doc in recipes.items():
+                print(f"{name:{width}s}  {doc}")
         elif argv[:1] == ["eval"]:
             run_eval(argv[1:])
         else:

