@@ -22,10 +22,9 @@ def test_bundle_is_small_and_is_the_recipes_model():
     assert model.label_names == json.loads((BUNDLE / "config.json").read_text())["label_names"]
     assert len(model.label_names) == 10
     # two stages: cifar10_hybrid_pool builds and trains the model, cifar10_hybrid_pool_finetune continues from it
-    stages = {"stage1_recipe.json": "cifar10_hybrid_pool", "recipe.json": "cifar10_hybrid_pool_finetune"}
-    for record, name in stages.items():
-        assert json.loads((BUNDLE / record).read_text()) == Recipe.from_dict(load_recipe(name)).to_dict()
-    stage1 = json.loads((BUNDLE / "stage1_recipe.json").read_text())
+    stage1, stage2 = (json.loads((BUNDLE / f).read_text()) for f in ("stage1_recipe.json", "recipe.json"))
+    assert stage1 == Recipe.from_dict(load_recipe("cifar10_hybrid_pool")).to_dict()
+    assert stage2 == Recipe.from_dict(load_recipe("cifar10_hybrid_pool_finetune")).to_dict()
     assert model.config.stem_channels == tuple(stage1["model_args"]["stem_channels"])
     assert model.config.grid_size == (8, 8)
 

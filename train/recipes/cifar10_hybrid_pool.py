@@ -4,7 +4,8 @@ The CNN is the first two blocks of airbench (Jordan 2024, the fastest known CIFA
 + max pool + BatchNorm + ReLU layers, 64 then 256 channels, stride 4 by pooling, so the convolutions run
 at 32x32 and 16x16 before shrinking. Its 8x8 feature map gives one token per cell (1x1 patches, as the
 paper's R50 hybrids) to 2 transformer blocks of width 192 that replace airbench's third block. Same cost
-per image as `cifar10_hybrid`, more of it in convolutions. The app's bundled default model.
+per image as `cifar10_hybrid`, more of it in convolutions. The first stage of the app's bundled default model
+(`cifar10_hybrid_pool_finetune` trains it 6 epochs more).
 """
 
 recipe = dict(
