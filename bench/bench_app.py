@@ -21,8 +21,9 @@ import gradio as gr
 from gradio_client import Client, handle_file
 
 import app
+from webapp.catalog import ROOT
 
-PHOTO = Path(app.ROOT) / "examples" / "cat_chelsea.jpg"
+PHOTO = ROOT / "examples" / "cat_chelsea.jpg"
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -44,8 +45,8 @@ def main() -> None:
 
     import torch
 
-    app.setup(args.model, args.device)
-    ours = app.build_ui(app.MODELS.default)
+    ctx = app.setup(args.model, args.device)
+    ours = app.build_ui(ctx)
     ours.queue(default_concurrency_limit=1)
     ours.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True)
     identity = gr.Interface(
@@ -65,7 +66,7 @@ def main() -> None:
 
         end_ours = _median_ms(call_ours, args.repeats)
         end_id = _median_ms(lambda: c_id.predict(photo, api_name="/identity"), args.repeats)
-        model, _ = app.MODELS.get(app.MODELS.default)
+        model, _ = ctx.models.get(ctx.models.default)
         print(
             f"model: {args.model} ({model.config.name}, {model.num_params():,} parameters), device {args.device}, "
             f"threads {torch.get_num_threads()}, photo {PHOTO.name} 451x300, {args.repeats} repeats, medians"

@@ -29,10 +29,14 @@ from gradio_client import Client, handle_file
 from PIL import Image
 
 import app
+from vit_core.methods import ROLLOUT
 from webapp import explorer, render
-from webapp.analysis import ROLLOUT
+from webapp.catalog import ROOT
+from webapp.settings import PREDICTED
+from webapp.ui import classify, explore
+from webapp.ui.context import Context
 
-PHOTO = Path(app.ROOT) / "examples" / "cat_chelsea.jpg"
+PHOTO = ROOT / "examples" / "cat_chelsea.jpg"
 
 
 def _timed(fn, i: int) -> float:
@@ -52,11 +56,13 @@ def _report(title: str, times: dict[str, list[float]]) -> None:
         print(f"  {name} / classify, same photo: {medians[name] / same:5.2f}")
 
 
-def _in_process(fresh: list[str], same: str, repeats: int) -> dict[str, list[float]]:
+def _in_process(ctx: Context, fresh: list[str], same: str, repeats: int) -> dict[str, list[float]]:
     """The UI's handlers called directly: what a click or a settings change computes on the server."""
-    choice = app.MODELS.default
-    settings = dict(method=ROLLOUT, target=app.PREDICTED, layer=-1, head="mean", head_fusion="mean", discard_ratio=0.0)
-    a = app._analysis(same, choice)
+    choice = ctx.models.default
+    settings = dict(
+        method=ROLLOUT.title, target=PREDICTED, layer=-1, head="mean", head_fusion="mean", discard_ratio=0.0
+    )
+    a = ctx.analysis(same, choice)
     vw = render.fit(a.shown.size, explorer.VIEW_SIDE)[0]
     left, top, right, bottom = (v * vw / a.size[0] for v in a.crop)
     clicks = [
@@ -64,10 +70,12 @@ def _in_process(fresh: list[str], same: str, repeats: int) -> dict[str, list[flo
         for i in range(repeats + 1)
     ]
     calls = {
-        "classify, new photo": lambda i: app.classify(fresh[i], choice, **settings, opacity=0.5),
-        "classify, same photo": lambda i: app.classify(same, choice, **settings, opacity=0.5),
-        "live re-render (opacity)": lambda i: app.rerender(same, choice, *settings.values(), 0.3 + 0.6 * (i % 2), 5),
-        "explorer click": lambda i: app.on_select(same, choice, -1, "mean", "mean", 0.0, 0.5, clicks[i]),
+        "classify, new photo": lambda i: classify.classify(ctx, fresh[i], choice, **settings, opacity=0.5),
+        "classify, same photo": lambda i: classify.classify(ctx, same, choice, **settings, opacity=0.5),
+        "live re-render (opacity)": lambda i: classify.rerender(
+            ctx, same, choice, *settings.values(), 0.3 + 0.6 * (i % 2), 5
+        ),
+        "explorer click": lambda i: explore.on_select(ctx, same, choice, -1, "mean", "mean", 0.0, 0.5, clicks[i]),
     }
     times: dict[str, list[float]] = {name: [] for name in calls}
     for i in range(repeats + 1):  # interleaved; the first round warms up
@@ -87,8 +95,8 @@ def main() -> None:
 
     import torch
 
-    app.setup(args.model, args.device)
-    ui = app.build_ui(app.MODELS.default)
+    ctx = app.setup(args.model, args.device)
+    ui = app.build_ui(ctx)
     ui.queue(default_concurrency_limit=1)
     ui.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True)
     try:
@@ -110,10 +118,10 @@ def main() -> None:
             left = (w - min(w, h)) / 2
             points = [(left + (i * 37) % min(w, h), (i * 53) % min(w, h)) for i in range(args.repeats + 1)]
             calls = {
-                "classify, new photo": lambda i: client.predict(fresh[i], method=ROLLOUT, api_name="/classify"),
-                "classify, same photo": lambda i: client.predict(same, method=ROLLOUT, api_name="/classify"),
+                "classify, new photo": lambda i: client.predict(fresh[i], method=ROLLOUT.title, api_name="/classify"),
+                "classify, same photo": lambda i: client.predict(same, method=ROLLOUT.title, api_name="/classify"),
                 "live re-render (opacity)": lambda i: client.predict(
-                    same, method=ROLLOUT, opacity=0.3 + 0.6 * (i % 2), api_name="/classify"
+                    same, method=ROLLOUT.title, opacity=0.3 + 0.6 * (i % 2), api_name="/classify"
                 ),
                 "explorer click": lambda i: client.predict(same, x=points[i][0], y=points[i][1], api_name="/explore"),
             }
@@ -123,10 +131,10 @@ def main() -> None:
                     t = _timed(call, i)
                     if i:
                         times[name].append(t)
-            handlers = _in_process(local, str(PHOTO), args.repeats)
-        model, _ = app.MODELS.get(app.MODELS.default)
+            handlers = _in_process(ctx, local, str(PHOTO), args.repeats)
+        model, _ = ctx.models.get(ctx.models.default)
         print(
-            f"model: {app.MODELS.default} ({model.num_params():,} parameters), device {args.device}, "
+            f"model: {ctx.models.default} ({model.num_params():,} parameters), device {args.device}, "
             f"threads {torch.get_num_threads()}, photo {PHOTO.name} {w}x{h}, {args.repeats} repeats, medians"
         )
         _report("through HTTP (gradio_client: request, compute, files downloaded):", times)

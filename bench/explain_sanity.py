@@ -1,14 +1,14 @@
 """Do the relevance maps point at what the model uses? Deletion/insertion AUC on real test images.
 
     python -m bench.explain_sanity                       # the bundled model, 300 CIFAR-10 test images
-    python -m bench.explain_sanity --model models/cifar10_vit --n 500 --out bench/results/explain_vit.md
+    python -m bench.explain_sanity --model runs/cifar10_vit_cpu --n 500 --out bench/results/explain_vit.md
     python -m bench.explain_sanity --model runs/mnist_tiny --data mnist --methods gradient "rollout(start_layer=1)"
 
 For a trained checkpoint and ``n`` test images (a fixed random subset), scores each map with
-``vit_core.explain.deletion_insertion_auc`` (Petsiuk et al., "RISE", BMVC 2018: pixels removed / revealed
+``vit_core.faithfulness.deletion_insertion_auc`` (Petsiuk et al., "RISE", BMVC 2018: pixels removed / revealed
 in order of relevance, probability of the predicted class tracked, area under the curve) on two
 baselines: ``mean`` (removed pixels take the dataset mean colour) and ``blur`` (they take the image under
-a Gaussian blur of σ = a quarter of each side, ``explain.BLUR_SIGMA``). Two maps that ignore the image
+a Gaussian blur of σ = a quarter of each side, ``faithfulness.BLUR_SIGMA``). Two maps that ignore the image
 anchor the scale:
 
 - ``random``: uniform noise on the token grid, the chance level;
@@ -23,11 +23,11 @@ paired difference. A second table gives the model's probability of its predicted
 images, the fully mean-filled images and the fully blurred images, with the blur of σ = 5 px at 224 px
 (RISE's, 0.7 px at 32 px: the baseline's σ before it became a quarter of the side) for comparison.
 
-Methods are given as ``name`` or ``name(key=value,...)``, the keywords going to the function:
-``rollout`` (``explain.attention_rollout``: head_fusion, discard_ratio, start_layer), ``gradient``
-(``explain.gradient_rollout``), ``attention`` (``explain.attention_maps``: layer, head; the last layer and
-the mean of the heads by default), ``rise`` (``explain.rise``: n_masks, cells, p_keep, seed), ``centre``
-(``explain.centre_gaussian_map``: sigma) and ``random``.
+Methods are given as ``name`` or ``name(key=value,...)``, the keywords going to the function: the ``key`` of
+any method of ``vit_core.methods`` (``rise``: ``explain.rise``, n_masks, cells, p_keep, seed; ``rollout``:
+``explain.attention_rollout``, head_fusion, discard_ratio, start_layer; ``gradient``:
+``explain.gradient_rollout``; ``attention``: ``explain.attention_maps``, layer, head, the last layer and the
+mean of the heads by default), ``centre`` (``explain.centre_gaussian_map``: sigma) and ``random``.
 ``--out FILE.md`` writes the tables to FILE.md and the numbers to FILE.json.
 """
 
@@ -47,18 +47,10 @@ import torchvision.transforms.functional as TF
 from tqdm import tqdm
 
 import vit_core
-from vit_core import explain
+from vit_core import explain, faithfulness, methods
 from vit_core.data import build_dataset, build_transform
 
-DEFAULT_METHODS = ("rise", "rollout", "gradient", "attention", "random", "centre")
-NAMES = {
-    "rollout": "attention rollout",
-    "gradient": "gradient rollout",
-    "attention": "raw attention (last layer, mean of heads)",
-    "random": "random map",
-    "centre": "centre Gaussian",
-    "rise": f"RISE ({explain.RISE_MASKS} masks)",
-}
+ANCHORS = {"random": "random map", "centre": "centre Gaussian"}  # maps that ignore the image
 BASELINES = ("mean", "blur")
 RISE_SIGMA_PX_AT_224 = 5.0  # RISE's insertion blur, the blur baseline's σ before the fix
 
@@ -84,15 +76,15 @@ def _value(text: str) -> int | float | str:
     return text
 
 
+def names() -> dict[str, str]:
+    """Every map by its name on the command line: the table's methods, then the two anchors."""
+    return {m.key: m.title for m in methods.METHODS} | ANCHORS
+
+
 def parse_method(spec: str, seed: int) -> explain.MapFn:
     """``name`` or ``name(key=value,...)`` -> a map function (see the module docstring)."""
-    functions: dict[str, Callable[..., torch.Tensor]] = {
-        "rollout": explain.attention_rollout,
-        "gradient": explain.gradient_rollout,
-        "attention": explain.attention_maps,
-        "centre": explain.centre_gaussian_map,
-        "rise": explain.rise,
-    }
+    functions: dict[str, Callable[..., torch.Tensor]] = {m.key: m.fn for m in methods.METHODS}
+    functions["centre"] = explain.centre_gaussian_map
     m = re.fullmatch(r"(\w+)(?:\((.*)\))?", spec.replace(" ", ""))
     if m is None or m[1] not in (*functions, "random"):
         raise SystemExit(f"unknown method {spec!r}: use {', '.join((*functions, 'random'))}, optionally name(k=v,...)")
@@ -106,8 +98,6 @@ def parse_method(spec: str, seed: int) -> explain.MapFn:
         if kwargs:
             raise SystemExit("the random map takes no arguments")
         return random_map(seed)
-    if m[1] == "attention":
-        kwargs.setdefault("layer", -1)
     return partial(functions[m[1]], **kwargs)
 
 
@@ -120,13 +110,15 @@ def _mean_se(x: torch.Tensor) -> dict[str, float]:
 def end_points(model: torch.nn.Module, images: torch.Tensor, target: torch.Tensor, batch_size: int) -> dict:
     """The ends of the curves, whatever the map: the probability of ``target`` (mean, SE) and the fraction
     of images still predicted as ``target`` on the originals and on the fully replaced images: ``mean``
-    (zeros in normalised space), ``blur`` (``explain.BLUR_SIGMA``, what ``deletion_insertion_auc`` uses)
+    (zeros in normalised space), ``blur`` (``faithfulness.BLUR_SIGMA``, what ``deletion_insertion_auc`` uses)
     and the blur of RISE's σ = 5 px at 224 px scaled to the image (the blur baseline before the fix)."""
     rise = RISE_SIGMA_PX_AT_224 * max(images.shape[-2:]) / 224
     variants = {
         "original": images,
         "fully mean": torch.zeros_like(images),
-        f"fully blur (σ = {explain.BLUR_SIGMA:g} × side)": explain._gaussian_blur(images, explain.BLUR_SIGMA),
+        f"fully blur (σ = {faithfulness.BLUR_SIGMA:g} × side)": faithfulness.gaussian_blur(
+            images, faithfulness.BLUR_SIGMA
+        ),
         f"fully blur (σ = {rise:.2g} px, RISE's 5 px at 224: before the fix)": TF.gaussian_blur(
             images, kernel_size=2 * math.ceil(3 * rise) + 1, sigma=rise
         ),
@@ -184,7 +176,7 @@ def score(
             for i in range(0, len(images), chunk):
                 part = slice(i, i + chunk)
                 parts.append(
-                    explain.deletion_insertion_auc(
+                    faithfulness.deletion_insertion_auc(
                         model,
                         images[part],
                         lambda _m, _x, part=part, spec=spec: maps[spec][part],
@@ -235,7 +227,7 @@ def markdown(report: dict) -> str:
         ]
         for r in (r for r in report["results"] if r["baseline"] == baseline):
             d, i, dd, di = r["deletion"], r["insertion"], r["deletion_minus_centre"], r["insertion_minus_centre"]
-            name = NAMES.get(r["method"], f"`{r['method']}`")
+            name = names().get(r["method"], f"`{r['method']}`")
             centre = r["method"] == "centre"
             lines.append(
                 f"| {name} | {d['mean']:.4f} ± {d['se']:.4f} | {i['mean']:.4f} ± {i['se']:.4f} "
@@ -269,7 +261,7 @@ def main() -> None:
     p.add_argument("--data", default="cifar10", help="mnist, fashion-mnist, cifar10, or an image folder")
     p.add_argument("--n", type=int, default=300, help="number of test images")
     p.add_argument("--steps", type=int, default=16, help="deletion/insertion steps")
-    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), help="map specs (see above)")
+    p.add_argument("--methods", nargs="+", default=list(names()), help="map specs (see above)")
     p.add_argument("--baselines", nargs="+", default=list(BASELINES), choices=BASELINES)
     p.add_argument("--batch-size", type=int, default=256, help="perturbed images per forward pass")
     p.add_argument("--device", default="cpu")

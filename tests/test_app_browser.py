@@ -81,7 +81,7 @@ def runs(tmp_path_factory) -> dict[str, str]:
     )
     paths = {}
     for name, cfg in (("mnist_tiny", mnist), ("hybrid", hybrid)):
-        vit_core.create_model(cfg).save_pretrained(root / name)
+        vit_core.save_pretrained(vit_core.create_model(cfg), root / name)
         paths[name] = str(root / name)
     # google/vit-base-patch16-224 as transformers lays it out (config.json with ImageNet's id2label,
     # preprocessor_config.json, model.safetensors), at a tiny width with random weights

@@ -32,7 +32,7 @@ def test_ours_to_timm_local_dir_same_logits(tmp_path, name, overrides):
     model = _small(name, **overrides)
     model.reset_classifier(5)
     torch.nn.init.normal_(model.head.weight)  # a non-trivial head, so logits differ per class
-    model.save_pretrained(tmp_path)
+    vit_core.save_pretrained(model, tmp_path)
     ref = timm.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
     c, (h, w) = model.config.in_chans, model.config.img_hw
     x = torch.randn(2, c, h, w)
@@ -67,7 +67,7 @@ def test_timm_state_dict_loads_into_ours_directly():
 def test_higher_resolution_load_matches_timm(tmp_path):
     # Paper section 3.2: fine-tune at a higher resolution by interpolating E_pos in 2D.
     model = _small()
-    model.save_pretrained(tmp_path)
+    vit_core.save_pretrained(model, tmp_path)
     hi = vit_core.from_pretrained(tmp_path, img_size=96)
     assert hi.pos_embed.shape == (1, 1 + 36, 192) and hi.config.img_hw == (96, 96)
     assert torch.equal(hi.pos_embed[:, :1], model.pos_embed[:, :1])  # class token's embedding kept
@@ -80,7 +80,7 @@ def test_higher_resolution_load_matches_timm(tmp_path):
     bigger.load_state_dict(model.state_dict())
     assert torch.equal(bigger.pos_embed, hi.pos_embed)
     # saved again, the folder says 96
-    hi.save_pretrained(tmp_path / "hi")
+    vit_core.save_pretrained(hi, tmp_path / "hi")
     assert json.loads((tmp_path / "hi" / "config.json").read_text())["pretrained_cfg"]["input_size"] == [3, 96, 96]
 
 
@@ -105,7 +105,7 @@ def test_config_json_layout_and_labels(tmp_path):
 
 def test_representation_size_round_trips_here(tmp_path):
     model = _small(representation_size=32)
-    model.save_pretrained(tmp_path)
+    vit_core.save_pretrained(model, tmp_path)
     loaded = vit_core.from_pretrained(tmp_path)
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
@@ -116,7 +116,7 @@ def test_representation_size_round_trips_here(tmp_path):
 
 
 def test_corrupt_weights_name_the_file(tmp_path):
-    _small().save_pretrained(tmp_path)
+    vit_core.save_pretrained(_small(), tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"\x00garbage" * 10)
     with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors file"):
         vit_core.from_pretrained(tmp_path)
@@ -133,7 +133,7 @@ def test_missing_files_and_bad_json(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architecture": "resnet50"}))
     with pytest.raises(CheckpointError, match="'resnet50' is not a ViT"):
         vit_core.from_pretrained(tmp_path)
-    _small().save_pretrained(tmp_path)
+    vit_core.save_pretrained(_small(), tmp_path)
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="no model.safetensors"):
         vit_core.from_pretrained(tmp_path)
@@ -141,7 +141,7 @@ def test_missing_files_and_bad_json(tmp_path):
 
 def test_mismatched_weights_name_every_key(tmp_path):
     model = _small()
-    model.save_pretrained(tmp_path)
+    vit_core.save_pretrained(model, tmp_path)
     state = load_file(tmp_path / "model.safetensors")
     state["blocks.5.mlp.fc1.weight"] = torch.zeros(1)
     del state["norm.weight"]
@@ -176,7 +176,7 @@ def test_conv_stem_hybrid_round_trips_in_half_precision(tmp_path, pools):
     )
     model = vit_core.create_model(cfg).train()
     model(torch.randn(4, 3, 32, 32))  # a training step's forward moves the BatchNorm running statistics
-    model.eval().save_pretrained(tmp_path, dtype=torch.float16)
+    vit_core.save_pretrained(model.eval(), tmp_path, dtype=torch.float16)
     loaded = vit_core.from_pretrained(tmp_path)
     assert loaded.config == cfg
     for p in loaded.parameters():  # ordinary float32 CPU parameters, trainable, writable
@@ -195,27 +195,27 @@ def test_non_square_checkpoint_loads_at_another_size_like_timm_resamples(tmp_pat
     from timm.layers import resample_abs_pos_embed
 
     model = _small("vit_small_patch32_224", img_size=(64, 96))  # a 2 x 3 token grid
-    model.save_pretrained(tmp_path)
+    vit_core.save_pretrained(model, tmp_path)
     bigger = vit_core.from_pretrained(tmp_path, img_size=(128, 96))  # 4 x 3
     expected = resample_abs_pos_embed(model.pos_embed, (4, 3), (2, 3), num_prefix_tokens=1)
     assert torch.equal(bigger.pos_embed, expected)
 
 
 def test_module_imports_form_no_cycle():
-    """model <- checkpoint <- convert <- hub, as module-level imports; the model's save_pretrained and
-    push_to_hub are the only imports made inside functions."""
+    """model <- cost <- checkpoint <- convert <- hub, as module-level imports, and no import is made inside a
+    function: no edge points back."""
     import ast
     from pathlib import Path
 
     package = Path(vit_core.__file__).parent
     graph, lazy = {}, []
-    for name in ("config", "hybrid", "model", "checkpoint", "convert", "hub", "model_card", "mpp"):
+    for name in ("config", "hybrid", "model", "cost", "checkpoint", "convert", "hub", "model_card", "mpp"):
         tree = ast.parse((package / f"{name}.py").read_text())
         graph[name] = {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 1}
         for fn in ast.walk(tree):
             if isinstance(fn, ast.FunctionDef):
                 lazy += [(name, fn.name, n.module) for n in ast.walk(fn) if isinstance(n, ast.ImportFrom) and n.level]
-    order = ["config", "hybrid", "model", "checkpoint", "convert", "hub"]
+    order = ["config", "hybrid", "model", "cost", "checkpoint", "convert", "hub"]
     for i, name in enumerate(order):
         assert graph[name] & set(order) <= set(order[:i]), (name, graph[name])
-    assert sorted(lazy) == [("model", "push_to_hub", "hub"), ("model", "save_pretrained", "checkpoint")]
+    assert lazy == []

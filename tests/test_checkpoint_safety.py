@@ -73,7 +73,7 @@ def tiny_dir(tmp_path_factory) -> Path:
     """A valid checkpoint; loading it once also imports everything lazily imported, before measuring."""
     path = tmp_path_factory.mktemp("tiny")
     torch.manual_seed(0)
-    vit_core.create_model(TINY).save_pretrained(path)
+    vit_core.save_pretrained(vit_core.create_model(TINY), path)
     vit_core.from_pretrained(path)
     return path
 
@@ -176,7 +176,7 @@ def test_header_declaring_more_data_than_the_file_holds(tmp_path):
     # A safetensors header for a whole ViT-B (346 MB of float32) in front of 1 KB of data.
     cfg = vit_core.get_config("vit_base_patch16_224")
     header, offset = {}, 0
-    for name, shape in vit_core.model.state_shapes(cfg).items():
+    for name, shape in vit_core.cost.state_shapes(cfg).items():
         n = 4 * int(np.prod(shape))
         header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + n]}
         offset += n

@@ -67,7 +67,7 @@ def test_transformers_image_classifier_loads_with_the_same_logits(tmp_path):
     # transformers' LayerNorm eps (1e-12, not timm's 1e-6) is carried in the config: the conversion is exact
     assert ours.config.norm_eps == 1e-12
     assert (got - expected).abs().max().item() <= 1e-6
-    ours.save_pretrained(tmp_path / "ours")  # and it survives our own save and load
+    vit_core.save_pretrained(ours, tmp_path / "ours")  # and it survives our own save and load
     with torch.no_grad():
         assert torch.equal(vit_core.from_pretrained(tmp_path / "ours")(x), got)
     c = ours.config

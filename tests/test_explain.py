@@ -23,7 +23,7 @@ from PIL import Image
 from torch import nn
 
 import vit_core
-from vit_core import explain, figures
+from vit_core import explain, faithfulness, figures, inspection
 from vit_core.config import TIMM_MODEL_ARGS
 from vit_core.data import build_dataset, build_transform, default_data_root
 from vit_core.model import VisionTransformer, resample_pos_embed
@@ -267,7 +267,7 @@ def test_discard_keeps_prefix_tokens_own_entries():
     fused = torch.rand(2, T, T) + 0.1
     fused[:, 0, 0] = 0.01  # the smallest entries of all
     fused[:, 1, 1] = 0.02
-    out = explain._discard_lowest(fused, 0.5, prefix)
+    out = explain.discard_lowest(fused, 0.5, prefix)
     assert (out[:, 0, 0] == 0.01).all() and (out[:, 1, 1] == 0.02).all()
     # exactly the 18 lowest entries but the two protected ones are zeroed, per image
     assert ((out == 0).flatten(1).sum(1) == 18 - 2).all()
@@ -359,7 +359,7 @@ def test_explain_restores_modes_and_leaves_no_grads():
     # In eval mode for the call: dropout off, so the maps are the eval ones.
     torch.testing.assert_close(explain.attention_rollout(model, x), ref_rollout)
     torch.testing.assert_close(explain.gradient_rollout(model, x), ref_grad)
-    explain.mean_attention_distance(model, x)
+    inspection.mean_attention_distance(model, x)
     explain.attention_maps(model, x, 0)
     assert {name: m.training for name, m in model.named_modules()} == modes
     assert all(p.grad is None for p in model.parameters())
@@ -475,8 +475,8 @@ def test_centre_gaussian_map_scores_as_a_map_fn():
     def inverse(m, x):
         return 1 - explain.centre_gaussian_map(m, x)
 
-    good = explain.deletion_insertion_auc(model, x, explain.centre_gaussian_map, target=0, steps=8)
-    bad = explain.deletion_insertion_auc(model, x, inverse, target=0, steps=8)
+    good = faithfulness.deletion_insertion_auc(model, x, explain.centre_gaussian_map, target=0, steps=8)
+    bad = faithfulness.deletion_insertion_auc(model, x, inverse, target=0, steps=8)
     assert (good["deletion"] < bad["deletion"] - 0.1).all()
     assert (good["insertion"] > bad["insertion"] + 0.1).all()
 
@@ -545,7 +545,7 @@ def test_rise_finds_the_evidence_and_scores_like_the_right_map():
     right[:, 0, 0] = 1
 
     def score(fn):
-        return explain.deletion_insertion_auc(model, x, fn, target=0, steps=8)
+        return faithfulness.deletion_insertion_auc(model, x, fn, target=0, steps=8)
 
     got = score(lambda m, x: explain.rise(m, x, 0, n_masks=500))
     best, worst = score(lambda m, x: right), score(lambda m, x: 1 - right)
@@ -606,11 +606,11 @@ def analytic_uniform_distance(g: int, patch: int) -> float:
 
 def test_mean_attention_distance_uniform_local_and_analytic():
     g, x = 5, torch.randn(2, 1, 20, 20)
-    uniform = explain.mean_attention_distance(local_attention_model(g, 0.0), x)
+    uniform = inspection.mean_attention_distance(local_attention_model(g, 0.0), x)
     assert uniform.shape == (2, 2)
     torch.testing.assert_close(uniform, torch.full((2, 2), analytic_uniform_distance(g, 4)))
-    local = explain.mean_attention_distance(local_attention_model(g, 4.0), x)
-    very_local = explain.mean_attention_distance(local_attention_model(g, 40.0), x)
+    local = inspection.mean_attention_distance(local_attention_model(g, 4.0), x)
+    very_local = inspection.mean_attention_distance(local_attention_model(g, 40.0), x)
     assert (very_local < local).all() and (local < 0.6 * uniform).all()
     assert (very_local < 0.1).all()  # attention on itself: distance 0
     # the discrete grid's mean distance approaches the unit square's (2 + √2 + 5 asinh 1) / 15 * side
@@ -635,12 +635,12 @@ def test_mean_attention_distance_matches_loops():
                         den += a
                     total += num / den
             want[layer, h] = total / 24
-    torch.testing.assert_close(explain.mean_attention_distance(model, x), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(inspection.mean_attention_distance(model, x), want, rtol=1e-5, atol=1e-5)
 
 
 def test_embedding_filters_are_principal_components():
     model = make_model(embed_dim=48, patch_size=4, img_size=16)
-    comps = explain.embedding_filters(model, n=10)
+    comps = inspection.embedding_filters(model, n=10)
     assert comps.shape == (10, 3, 4, 4)
     w = model.patch_embed.proj.weight.detach().double().reshape(48, -1).numpy()
     wc = w - w.mean(axis=0)
@@ -650,15 +650,15 @@ def test_embedding_filters_are_principal_components():
     np.testing.assert_allclose(np.abs((ours * vecs).sum(1)), np.ones(10), atol=1e-4)  # same up to sign
     assert (ours[np.arange(10), np.abs(ours).argmax(1)] > 0).all()
     with pytest.raises(ValueError, match="n must be"):
-        explain.embedding_filters(model, n=49)
+        inspection.embedding_filters(model, n=49)
     hybrid = vit_core.create_model(make_model().config.replace(patch_size=1, backbone_layers=(1,)))
     with pytest.raises(ValueError, match="hybrid"):
-        explain.embedding_filters(hybrid)
+        inspection.embedding_filters(hybrid)
 
 
 def test_position_embedding_similarity_matches_loops():
     model = make_register_model(2, img_size=(16, 32))  # 2x4 grid, 3 prefix tokens
-    sim = explain.position_embedding_similarity(model)
+    sim = inspection.position_embedding_similarity(model)
     assert sim.shape == (2, 4, 2, 4)
     pos = model.pos_embed.detach()[0, 1:]  # the registers carry no position embedding
     for i in range(8):
@@ -695,13 +695,13 @@ def test_deletion_insertion_matches_reference():
     model = make_model(img_size=16, patch_size=4)
     x = torch.randn(3, 3, 16, 16)
     maps = explain.attention_rollout(model, x)
-    got = explain.deletion_insertion_auc(model, x, explain.attention_rollout, steps=5, batch_size=4)
+    got = faithfulness.deletion_insertion_auc(model, x, explain.attention_rollout, steps=5, batch_size=4)
     pred = model(x).argmax(-1)
     want = reference_deletion_insertion(model, x, maps, pred, 5, torch.zeros_like(x))
     torch.testing.assert_close(got["deletion"], want["deletion"], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got["insertion"], want["insertion"], rtol=1e-4, atol=1e-5)
     # target given; blurred baseline: the deletion curve runs from the image to the blurred image
-    got = explain.deletion_insertion_auc(model, x, explain.attention_rollout, [1, 2, 3], steps=4, baseline="blur")
+    got = faithfulness.deletion_insertion_auc(model, x, explain.attention_rollout, [1, 2, 3], steps=4, baseline="blur")
     blurred = TF.gaussian_blur(x, kernel_size=25, sigma=4.0)  # σ = a quarter of the side, radius 3σ
     with torch.no_grad():
         p_img, p_blur = model(x).softmax(-1), model(blurred).softmax(-1)
@@ -717,7 +717,7 @@ def test_blur_baseline_is_a_quarter_of_each_side():
     """Non-square images: σ is a quarter of each side (6 px down, 10 px across), torchvision's kernel."""
     model = make_model()
     x = torch.randn(2, 3, 24, 40)
-    got = explain.deletion_insertion_auc(model, x, explain.centre_gaussian_map, 3, steps=1, baseline="blur")
+    got = faithfulness.deletion_insertion_auc(model, x, explain.centre_gaussian_map, 3, steps=1, baseline="blur")
     blurred = TF.gaussian_blur(x, kernel_size=[61, 37], sigma=[10.0, 6.0])  # [x, y]
     with torch.no_grad():
         want = model(blurred).softmax(-1)[:, 3]
@@ -751,13 +751,13 @@ def brute_force_blur(x: torch.Tensor, sigma_y: float, sigma_x: float, ry: int, r
 )
 def test_gaussian_blur_matches_a_brute_force_2d_convolution(hw, sigma, radius):
     x = torch.randn(2, 3, *hw)
-    got = explain._gaussian_blur(x, sigma)
+    got = faithfulness.gaussian_blur(x, sigma)
     want = brute_force_blur(x, sigma * hw[0], sigma * hw[1], *radius)
     assert got.shape == x.shape and got.dtype == x.dtype
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # the kernel sums to 1: a flat image stays flat
     flat = torch.full((1, 3, *hw), 0.3)
-    torch.testing.assert_close(explain._gaussian_blur(flat, sigma), flat)
+    torch.testing.assert_close(faithfulness.gaussian_blur(flat, sigma), flat)
 
 
 def test_gaussian_blur_matches_torchvision_at_small_sigma():
@@ -765,7 +765,7 @@ def test_gaussian_blur_matches_torchvision_at_small_sigma():
     x = torch.randn(2, 3, 32, 32)
     s = 5 * 32 / 224
     want = TF.gaussian_blur(x, kernel_size=2 * math.ceil(3 * s) + 1, sigma=s)
-    torch.testing.assert_close(explain._gaussian_blur(x, s / 32), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(faithfulness.gaussian_blur(x, s / 32), want, rtol=1e-5, atol=1e-5)
 
 
 BUNDLE = Path(__file__).resolve().parents[1] / "models" / "cifar10_hybrid_pool"
@@ -781,7 +781,9 @@ def test_fully_blurred_cifar10_images_lose_their_class_on_the_bundled_model():
     model = vit_core.from_pretrained(BUNDLE).eval()
     test = build_dataset("cifar10", "test", transform=build_transform(model.pretrained_cfg))
     x = test.transform(test.images[torch.arange(0, 10000, 100)])
-    r = explain.deletion_insertion_auc(model, x, explain.centre_gaussian_map, steps=1, baseline="blur", batch_size=100)
+    r = faithfulness.deletion_insertion_auc(
+        model, x, explain.centre_gaussian_map, steps=1, baseline="blur", batch_size=100
+    )
     original, blurred = r["deletion_curve"].unbind(1)
     assert original.mean() > 0.7
     assert blurred.mean() < 0.3 and blurred.mean() < 0.35 * original.mean()
@@ -801,8 +803,8 @@ def test_rise_beats_the_centre_gaussian_on_the_bundled_model():
     model = vit_core.from_pretrained(BUNDLE).eval()
     test = build_dataset("cifar10", "test", transform=build_transform(model.pretrained_cfg))
     x = test.transform(test.images[torch.arange(0, 10000, 250)])
-    rise = explain.deletion_insertion_auc(model, x, explain.rise, steps=16)
-    centre = explain.deletion_insertion_auc(model, x, explain.centre_gaussian_map, steps=16)
+    rise = faithfulness.deletion_insertion_auc(model, x, explain.rise, steps=16)
+    centre = faithfulness.deletion_insertion_auc(model, x, explain.centre_gaussian_map, steps=16)
     assert rise["deletion"].mean() < centre["deletion"].mean() - 0.02
     assert rise["insertion"].mean() > centre["insertion"].mean() + 0.02
 
@@ -833,7 +835,7 @@ def test_fully_blurred_image_loses_its_class_evidence(side):
     across = torch.sin(2 * math.pi * pos / period + phase).expand(B, 3, side, side)
     grating = torch.where(torch.arange(B)[:, None, None, None] % 2 == 0, across, across.transpose(-1, -2))
     x = grating + torch.randn(B, 3, 1, 1)  # a colour per image; stripes across or down
-    r = explain.deletion_insertion_auc(TextureModel(), x, explain.centre_gaussian_map, 0, steps=1, baseline="blur")
+    r = faithfulness.deletion_insertion_auc(TextureModel(), x, explain.centre_gaussian_map, 0, steps=1, baseline="blur")
     assert (r["deletion_curve"][:, 0] > 0.95).all()  # the original: sure of class 0
     assert (r["deletion_curve"][:, 1] < 0.05).all()  # fully blurred: sure it is not
 
@@ -857,8 +859,8 @@ def test_deletion_insertion_rank_a_right_map_above_a_wrong_one():
     def wrong_fn(m, x):
         return 1 - right
 
-    good = explain.deletion_insertion_auc(CornerModel(), x, right_fn, target=0, steps=8)
-    bad = explain.deletion_insertion_auc(CornerModel(), x, wrong_fn, target=0, steps=8)
+    good = faithfulness.deletion_insertion_auc(CornerModel(), x, right_fn, target=0, steps=8)
+    bad = faithfulness.deletion_insertion_auc(CornerModel(), x, wrong_fn, target=0, steps=8)
     assert (good["deletion"] < bad["deletion"] - 0.1).all()
     assert (good["insertion"] > bad["insertion"] + 0.1).all()
 
@@ -886,9 +888,9 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="head"):
         explain.attention_maps(model, x, 0, head=3)
     with pytest.raises(ValueError, match="baseline"):
-        explain.deletion_insertion_auc(model, x, explain.attention_rollout, baseline="noise")
+        faithfulness.deletion_insertion_auc(model, x, explain.attention_rollout, baseline="noise")
     with pytest.raises(ValueError, match="map_fn"):
-        explain.deletion_insertion_auc(model, x, lambda m, x: torch.rand(4, 4))
+        faithfulness.deletion_insertion_auc(model, x, lambda m, x: torch.rand(4, 4))
 
 
 # ------------------------------------------------------------------------------------ figures
@@ -935,9 +937,9 @@ def test_figures_render():
     model = make_model(embed_dim=48)
     x = torch.randn(2, 3, 32, 32)
     images = [
-        figures.embedding_filters_figure(explain.embedding_filters(model)),
-        figures.position_similarity_figure(explain.position_embedding_similarity(model)),
-        figures.attention_distance_figure(explain.mean_attention_distance(model, x), title="tiny"),
+        figures.embedding_filters_figure(inspection.embedding_filters(model)),
+        figures.position_similarity_figure(inspection.position_embedding_similarity(model)),
+        figures.attention_distance_figure(inspection.mean_attention_distance(model, x), title="tiny"),
     ]
     for img in images:
         a = np.asarray(img)
@@ -982,9 +984,9 @@ def test_explain_sanity_bench_matches_direct_scores():
     rows = {(r["baseline"], r["method"]): r for r in out["results"]}
     assert set(rows) == {(b, m) for b in ("mean", "blur") for m in (*specs, "centre")}
     for b in ("mean", "blur"):
-        centre = explain.deletion_insertion_auc(model, x, explain.centre_gaussian_map, steps=4, baseline=b)
+        centre = faithfulness.deletion_insertion_auc(model, x, explain.centre_gaussian_map, steps=4, baseline=b)
         for spec, fn in specs.items():
-            want, r = explain.deletion_insertion_auc(model, x, per_chunk(fn), steps=4, baseline=b), rows[b, spec]
+            want, r = faithfulness.deletion_insertion_auc(model, x, per_chunk(fn), steps=4, baseline=b), rows[b, spec]
             for k in ("deletion", "insertion"):
                 d = (want[k] - centre[k]).tolist()
                 assert r[k]["mean"] == pytest.approx(want[k].mean().item(), abs=1e-6)
@@ -998,7 +1000,7 @@ def test_explain_sanity_bench_matches_direct_scores():
             assert r["beats_centre"] == (dd["mean"] < -2 * dd["se"] and di["mean"] > 2 * di["se"])
     with torch.no_grad():
         p = model(x).softmax(-1)
-        blurred = model(explain._gaussian_blur(x, explain.BLUR_SIGMA)).softmax(-1)
+        blurred = model(faithfulness.gaussian_blur(x, faithfulness.BLUR_SIGMA)).softmax(-1)
     target = p.argmax(-1, keepdim=True)
     ends = list(out["probability"].values())
     assert [e["prediction_kept"] for e in ends[:1]] == [1.0]

@@ -31,8 +31,8 @@ import vit_core
 from tests.hub_server import FakeHub
 from vit_core import CheckpointError
 from vit_core.__main__ import main as cli
-from vit_core.hub import HubError, prepare_upload, push_to_hub
-from vit_core.model_card import final_metrics, read_metrics, render_model_card
+from vit_core.hub import HubError, push_to_hub
+from vit_core.model_card import final_metrics, prepare_upload, read_metrics, render_model_card
 
 TOKEN = "hf_aliceWriteToken0123456789abcdef"  # alice's
 BOB_TOKEN = "hf_bobReadToken0123456789abcdef"
@@ -97,7 +97,7 @@ def run_dir(tmp_path) -> Path:
         opt.step()
         rows.append({"epoch": epoch, "train_loss": loss.item(), "test_loss": 2 / epoch, "test_top1": 30.0 + epoch})
     run = tmp_path / "run"
-    model.eval().save_pretrained(run)
+    vit_core.save_pretrained(model.eval(), run)
     lines = [json.dumps(r) for r in rows] + [json.dumps({"epoch": 3, "lr": 0.0})]  # last line has no accuracy
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     recipe = {"model": None, "data": "cifar10", "epochs": 3, "lr": 0.01, "hub_token": "hf_leaked"}
@@ -170,7 +170,7 @@ def test_repo_pushed_by_timm_loads_with_the_same_logits(hub):
 def test_grayscale_average_pooled_model_round_trips_and_its_card_runs(hub, tmp_path, monkeypatch):
     # The MNIST recipe's shape: one channel, no class token, mean of the patch tokens.
     model = _model(seed=8, in_chans=1, mean=(0.1307,), std=(0.3081,), global_pool="avg", class_token=False)
-    model.push_to_hub("alice/mnist-vit", token=TOKEN)  # the method delegates to vit_core.hub.push_to_hub
+    vit_core.push_to_hub(model, "alice/mnist-vit", token=TOKEN)
     x = torch.randn(2, 1, 32, 32)
     with torch.no_grad():
         assert torch.equal(vit_core.from_pretrained("alice/mnist-vit")(x), model(x))
@@ -290,7 +290,7 @@ class _Payload:
 
 def test_pickled_weights_load_only_as_plain_tensors(hub, tmp_path):
     model = _model(seed=5)
-    model.save_pretrained(tmp_path / "ckpt")
+    vit_core.save_pretrained(model, tmp_path / "ckpt")
     config = (tmp_path / "ckpt" / "config.json").read_bytes()
     torch.save({"state_dict": model.state_dict()}, tmp_path / "plain.bin")
     hub.add_repo("alice/bin-vit", {"config.json": config, "pytorch_model.bin": tmp_path / "plain.bin"})

@@ -12,10 +12,11 @@ import torch
 from PIL import Image, ImageOps
 
 import vit_core
-from vit_core import explain
+from vit_core import explain, methods
 from vit_core.data import build_transform
-from webapp import analysis, batch, explorer, model_info
-from webapp.analysis import Analysis, AnalysisCache, Settings, analyse, parse_settings
+from webapp import analysis, batch, comparison, explorer, model_info, settings
+from webapp.analysis import Analysis, AnalysisCache, analyse
+from webapp.settings import Settings, parse_settings
 
 CPU = torch.device("cpu")
 
@@ -52,35 +53,35 @@ def _analysis(tmp_path: Path, kind: str, size=(90, 60)) -> Analysis:
 def test_cached_maps_are_the_librarys_maps(tmp_path, kind):
     a = _analysis(tmp_path, kind)
     x = a.x
-    s = Settings(method=analysis.ROLLOUT, head_fusion="max", discard_ratio=0.5)
+    s = Settings(method=methods.ROLLOUT, head_fusion="max", discard_ratio=0.5)
     expected = explain.attention_rollout(a.model, x, head_fusion="max", discard_ratio=0.5)[0]
     torch.testing.assert_close(analysis.relevance(a, s, CPU), expected)
-    raw = Settings(method="Raw attention", layer=0, head=1)
+    raw = Settings(method=methods.RAW, layer=0, head=1)
     torch.testing.assert_close(analysis.relevance(a, raw, CPU), explain.attention_maps(a.model, x, 0, 1)[0])
-    grad = Settings(method="Gradient rollout", target=2)
+    grad = Settings(method=methods.GRADIENT, target=2)
     torch.testing.assert_close(analysis.relevance(a, grad, CPU), explain.gradient_rollout(a.model, x, 2)[0])
-    assert list(a.gradient) == [2]  # cached per class
-    rise = Settings(method=analysis.RISE, target=1)
+    assert list(a.maps) == [("gradient", 2)]  # cached per class
+    rise = Settings(method=methods.RISE, target=1)
     torch.testing.assert_close(analysis.relevance(a, rise, CPU), explain.rise(a.model, x, 1)[0])
-    assert list(a.rise) == [1]
+    assert list(a.maps) == [("gradient", 2), ("rise", 1)]
 
 
 def test_rise_is_the_default_within_the_budget_and_refused_over_it(tmp_path, monkeypatch):
     """RISE costs explain.RISE_MASKS forward passes: the default where that fits the server's budget; over
     it, gradient rollout is the default and a RISE request is refused with the cost and the alternatives."""
     a = _analysis(tmp_path, "token")
-    cost = explain.RISE_MASKS * vit_core.model.forward_flops(a.model.config)
-    assert analysis.rise_flops(a.model) == cost
-    assert analysis.default_method(a.model, CPU) == analysis.RISE
+    cost = explain.RISE_MASKS * vit_core.cost.forward_flops(a.model.config)
+    assert methods.RISE.cost.flops(a.model.config) == cost
+    assert settings.default_method(a.model, CPU) is methods.RISE
     seen = []
-    analysis.relevance(a, Settings(method=analysis.RISE), CPU, lambda f, desc: seen.append((f, desc)))
+    analysis.relevance(a, Settings(method=methods.RISE), CPU, lambda f, desc: seen.append((f, desc)))
     assert seen[-1] == (1.0, "RISE: masked images")
-    monkeypatch.setitem(analysis.RISE_BUDGET, "cpu", cost - 1)
-    assert analysis.default_method(a.model, CPU) == analysis.GRADIENT
+    monkeypatch.setitem(settings.MAP_BUDGET, "cpu", cost - 1)
+    assert settings.default_method(a.model, CPU) is methods.GRADIENT
     with pytest.raises(ValueError, match=f"RISE needs {explain.RISE_MASKS} forward passes .* choose Gradient"):
-        analysis.relevance(a, Settings(method=analysis.RISE, target=3), CPU)
-    scored = analysis.compare(a, Settings(), CPU, lambda f, desc: None)
-    assert [n for n, *_ in scored] == [*analysis.METHODS[1:], analysis.CENTRE]  # RISE left out
+        analysis.relevance(a, Settings(method=methods.RISE, target=3), CPU)
+    scored = comparison.compare(a, Settings(), CPU, lambda f, desc: None)
+    assert [n for n, *_ in scored] == [*(m.title for m in methods.METHODS[1:]), comparison.CENTRE]  # RISE left out
 
 
 @pytest.mark.parametrize("kind", ["token", "hybrid"])
@@ -200,20 +201,20 @@ def test_settings_are_checked():
     for kw in bad:
         with pytest.raises(ValueError):
             parse_settings(model, **kw)
-    assert analysis.check_top_k(50, 5) == 5
+    assert settings.check_top_k(50, 5) == 5
     for k in (0, -1, "x", 2.5):
         with pytest.raises(ValueError):
-            analysis.check_top_k(k, 5)
+            settings.check_top_k(k, 5)
 
 
 def test_compare_scores_every_method_and_the_centre_baseline(tmp_path):
     a = _analysis(tmp_path, "avg")
-    a.rise.clear()  # the analysis is shared through the cache with other tests
+    a.maps.clear()  # the analysis is shared through the cache with other tests
     seen = []
-    scored = analysis.compare(a, Settings(), CPU, lambda f, desc: seen.append((f, desc)))
-    assert [n for n, *_ in scored] == [*analysis.METHODS, analysis.CENTRE]
+    scored = comparison.compare(a, Settings(), CPU, lambda f, desc: seen.append((f, desc)))
+    assert [n for n, *_ in scored] == [*(m.title for m in methods.METHODS), comparison.CENTRE]
     for name, heat, deletion, insertion in scored:
-        assert heat.shape == (a.x.shape[-2:] if name == analysis.RISE else a.grid)
+        assert heat.shape == (a.x.shape[-2:] if name == methods.RISE.title else a.grid)
         assert 0 <= deletion <= 1 and 0 <= insertion <= 1
     assert [f for f, desc in seen if desc.startswith("Deleting")] == [0, 0.2, 0.4, 0.6, 0.8]
     assert seen[0][1] == "RISE: masked images"  # RISE's forward passes report progress too
@@ -303,8 +304,8 @@ def test_batch_reads_images_and_zips_safely(tmp_path):
     model = _model(label_names=("a", "b", "c", "d", "e"))
     tf = build_transform(model.pretrained_cfg)
     with pytest.raises(ValueError, match="RISE .* is on the Classify tab"):
-        batch.classify_batch(model, tf, items, Settings(method=analysis.RISE), CPU)
-    gallery = batch.classify_batch(model, tf, items, Settings(method=batch.METHODS[0]), CPU)
+        batch.classify_batch(model, tf, items, Settings(method=methods.RISE), CPU)
+    gallery = batch.classify_batch(model, tf, items, Settings(method=batch.batchable()[0]), CPU)
     assert len(gallery) == 3 and gallery[0][1].startswith("photos.zip/a/one.png: ")
     rows = batch.write_csv(items, list(model.label_names), top_k=2).read_text().splitlines()
     assert rows[0] == "file,prediction,unsure,class_1,p_1,class_2,p_2,error"

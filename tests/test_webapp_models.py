@@ -28,11 +28,12 @@ from PIL import Image
 
 import vit_core
 from tests.hub_server import FakeHub, _Handler, timm_vit_files, transformers_vit_files
-from vit_core.model import state_shapes
-from webapp import access, memory, models
-from webapp.catalog import AUTO, BUNDLED, CURATED, ROOT, imagenet_names
+from vit_core.cost import state_shapes
+from webapp import access, memory, models, options
+from webapp.catalog import AUTO, BUNDLED, BUNDLED_LABEL, CURATED, ROOT, imagenet_names
 from webapp.errors import public, user_error
-from webapp.models import BUNDLED_LABEL, Models, Settings
+from webapp.models import Models
+from webapp.options import Options
 
 CPU = torch.device("cpu")
 B16 = "google/vit-base-patch16-224"
@@ -84,7 +85,7 @@ def _dead_port() -> int:
 def _checkpoint(folder: Path, **changes) -> Path:
     torch.manual_seed(0)
     cfg = vit_core.ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
-    vit_core.create_model(cfg.replace(**changes)).save_pretrained(folder)
+    vit_core.save_pretrained(vit_core.create_model(cfg.replace(**changes)), folder)
     return folder
 
 
@@ -117,7 +118,7 @@ def test_picker_lists_the_bundled_and_curated_models():
     assert choices[0] == (BUNDLED_LABEL, BUNDLED_LABEL)
     assert [value for _, value in choices[1:7]] == [c.repo for c in CURATED]
     assert m.allow_custom_value
-    public = Models(CPU, Settings(public=True, allow_any=False))
+    public = Models(CPU, Options(public=True, allow_any=False))
     assert [v for _, v in public.choices()] == [BUNDLED_LABEL, *(c.repo for c in CURATED)]  # no run folders
     assert not public.allow_custom_value
 
@@ -182,14 +183,14 @@ def test_every_spelling_of_a_checkpoint_is_one_cache_entry(hub, tmp_path, monkey
 
 def test_public_mode_serves_only_the_list_and_never_says_whether_a_path_exists(hub, tmp_path):
     d = _checkpoint(tmp_path / "d")
-    m = Models(CPU, Settings(public=True, allow_any=False))
+    m = Models(CPU, Options(public=True, allow_any=False))
     refusals = {_error(m, text) for text in (str(d), str(tmp_path / "missing"), "~/.ssh", "/etc", "nobody/vit", "..")}
     assert refusals == {access.NOT_SERVED}
     assert m.get(f"hf-hub:{TI16}@main", wait=60)[0].config.embed_dim == 32  # a listed repo, spelled differently
     with pytest.raises(SystemExit, match="only from models/ and runs/"):
-        Models(CPU, Settings(public=True, allow_any=False, models=(str(d),)))
+        Models(CPU, Options(public=True, allow_any=False, models=(str(d),)))
     bundled_again = f"{BUNDLED.relative_to(ROOT)}/."
-    listed = Models(CPU, Settings(public=True, allow_any=False, models=("bundled", bundled_again, TI16)))
+    listed = Models(CPU, Options(public=True, allow_any=False, models=("bundled", bundled_again, TI16)))
     assert [v for _, v in listed.choices()] == [BUNDLED_LABEL, TI16]  # one entry per checkpoint
 
 
@@ -197,8 +198,8 @@ def test_uploads_are_never_models(hub, tmp_path, monkeypatch):
     uploads = tmp_path / "gradio"
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(uploads))
     upload = _checkpoint(uploads / "0123abcd" / "vit")
-    for settings in (Settings(), Settings(public=True, allow_any=False)):
-        m = Models(CPU, settings)
+    for opts in (Options(), Options(public=True, allow_any=False)):
+        m = Models(CPU, opts)
         for text in (str(upload), str(uploads / "0123abcd" / "missing.npz"), f"{uploads}/../gradio/0123abcd/vit"):
             assert _error(m, text) == access.UPLOADED
     (tmp_path / "innocent").symlink_to(upload)  # a link out of the upload folder
@@ -207,8 +208,8 @@ def test_uploads_are_never_models(hub, tmp_path, monkeypatch):
 
 def test_free_text_is_for_local_use(hub, tmp_path):
     d = _checkpoint(tmp_path / "d")
-    assert Models(CPU, Settings(allow_any=True)).get(str(d), wait=30)[0].config.num_classes == 10
-    assert _error(Models(CPU, Settings(allow_any=False)), str(d)) == access.NOT_SERVED
+    assert Models(CPU, Options(allow_any=True)).get(str(d), wait=30)[0].config.num_classes == 10
+    assert _error(Models(CPU, Options(allow_any=False)), str(d)) == access.NOT_SERVED
     assert "Give a model folder or a Hub repo id" in _error(Models(CPU), "not a model!")
 
 
@@ -235,7 +236,7 @@ DECLARED = {
 @pytest.mark.parametrize("case", sorted(DECLARED))
 def test_declared_models_beyond_the_limit_or_the_weights_are_refused_before_allocating(hub, case):
     hub.add_repo("mallory/vit", {"config.json": json.dumps(DECLARED[case]).encode(), "model.safetensors": b"\0" * 1024})
-    m = Models(CPU, Settings(max_model_mb=1000))
+    m = Models(CPU, Options(max_model_mb=1000))
     tracemalloc.start()
     message = _error(m, "mallory/vit", wait=60)
     peak = tracemalloc.get_traced_memory()[1]
@@ -249,7 +250,7 @@ def test_weight_files_beyond_the_limit_are_refused_before_downloading(hub, tmp_p
     files = timm_vit_files("vit_tiny_patch16_224", "x", TINY)
     files["model.safetensors"] += b"\0" * (3 * 2**20)  # 3 MB of weights against a 2 MB limit
     hub.add_repo("mallory/big", files)
-    message = _error(Models(CPU, Settings(max_model_mb=2)), "mallory/big", wait=30)
+    message = _error(Models(CPU, Options(max_model_mb=2)), "mallory/big", wait=30)
     assert "its weights are 3 MB; this server loads at most 2 MB" in message
     assert not any(p.endswith("/model.safetensors") for m_, p in hub.requests if m_ == "GET")
 
@@ -285,7 +286,7 @@ def test_failed_loads_are_remembered_and_answered_from_memory(hub, caplog):
         assert _error(m, "hf-hub:nobody/missing-vit@main") == first  # another spelling: the same key
     assert time.perf_counter() - t0 < 0.1 and len(hub.requests) == requests
     assert len(caplog.records) == 1 and "(remembered)" in caplog.records[0].getMessage()
-    retried = Models(CPU, Settings(failed_ttl=0))
+    retried = Models(CPU, Options(failed_ttl=0))
     _error(retried, "nobody/missing-vit", wait=30)
     _error(retried, "nobody/missing-vit", wait=30)
     assert len(hub.requests) > requests + 2
@@ -293,14 +294,14 @@ def test_failed_loads_are_remembered_and_answered_from_memory(hub, caplog):
 
 def test_the_cache_is_bounded_by_count_and_bytes_least_recently_used_first(tmp_path):
     folders = [str(_checkpoint(tmp_path / f"m{i}", embed_dim=192, depth=3)) for i in range(4)]  # 5.5 MB each
-    m = Models(CPU, Settings(max_loaded=3))
+    m = Models(CPU, Options(max_loaded=3))
     m.set_default(folders[0])
     for f in folders[1:3]:
         m.get(f, wait=30)
     m.get(folders[1])  # now m2 is the least recently used
     m.get(folders[3], wait=30)
     assert [x.choice.source for x in m._loaded.values()] == [os.path.realpath(folders[i]) for i in (0, 1, 3)]
-    tight = Models(CPU, Settings(max_loaded_mb=12))  # room for the startup model and one more
+    tight = Models(CPU, Options(max_loaded_mb=12))  # room for the startup model and one more
     tight.set_default(folders[0])
     for f in folders[1:]:
         tight.get(f, wait=30)
@@ -411,15 +412,15 @@ def test_other_handled_errors_read_well_and_log_one_line(caplog):
 # ------------------------------------------------------------------------------------ command line
 
 
-def _settings(*argv: str, **env: str) -> Settings:
+def _options(*argv: str, **env: str) -> Options:
     p = argparse.ArgumentParser()
     p.add_argument("--host")
     p.add_argument("--share", action="store_true")
-    models.add_arguments(p)
+    options.add_arguments(p)
     old = {k: os.environ.pop(k, None) for k in ("SPACE_ID", "GRADIO_SERVER_NAME")}
     os.environ.update(env)
     try:
-        return models.configure(p.parse_args(argv))
+        return options.configure(p.parse_args(argv))
     finally:
         for k in ("SPACE_ID", "GRADIO_SERVER_NAME"):
             os.environ.pop(k, None)
@@ -428,21 +429,21 @@ def _settings(*argv: str, **env: str) -> Settings:
 
 
 def test_command_line(tmp_path):
-    assert _settings() == Settings(public=False, allow_any=True)
-    assert not _settings("--host", "0.0.0.0").allow_any and not _settings("--share").allow_any
-    assert _settings("--host", "0.0.0.0", "--allow-any-model").allow_any
-    space = _settings(SPACE_ID="me/space")
+    assert _options() == Options(public=False, allow_any=True)
+    assert not _options("--host", "0.0.0.0").allow_any and not _options("--share").allow_any
+    assert _options("--host", "0.0.0.0", "--allow-any-model").allow_any
+    space = _options(SPACE_ID="me/space")
     assert space.public and not space.allow_any
-    assert _settings("--models", f" bundled, {TI16} ,").models == ("bundled", TI16)
+    assert _options("--models", f" bundled, {TI16} ,").models == ("bundled", TI16)
     (tmp_path / "m.yaml").write_text(f"- bundled\n- {B16}\n")
     (tmp_path / "m.json").write_text(json.dumps(["bundled"]))
-    assert _settings("--models-file", str(tmp_path / "m.yaml")).models == ("bundled", B16)
-    assert _settings("--models-file", str(tmp_path / "m.json")).models == ("bundled",)
-    s = _settings("--max-loaded", "2", "--max-loaded-mb", "500", "--max-model-mb", "400", "--failed-load-ttl", "5")
+    assert _options("--models-file", str(tmp_path / "m.yaml")).models == ("bundled", B16)
+    assert _options("--models-file", str(tmp_path / "m.json")).models == ("bundled",)
+    s = _options("--max-loaded", "2", "--max-loaded-mb", "500", "--max-model-mb", "400", "--failed-load-ttl", "5")
     assert (s.max_loaded, s.max_loaded_mb, s.max_model_mb, s.failed_ttl) == (2, 500, 400, 5.0)
     for argv in (["--public", "--allow-any-model"], ["--models", ","], ["--max-loaded", "0"]):
         with pytest.raises(SystemExit):
-            _settings(*argv)
+            _options(*argv)
     (tmp_path / "bad.yaml").write_text("models: [a]")
     with pytest.raises(SystemExit, match="expected a list"):
-        _settings("--models-file", str(tmp_path / "bad.yaml"))
+        _options("--models-file", str(tmp_path / "bad.yaml"))

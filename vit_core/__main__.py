@@ -12,7 +12,8 @@ import os
 import sys
 
 from .checkpoint import CheckpointError
-from .hub import prepare_upload, push_to_hub
+from .hub import push_to_hub
+from .model_card import prepare_upload
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import TIMM_MODEL_ARGS, ViTConfig, get_config, list_models
-from .model import VisionTransformer, activation_bytes, state_shapes
+from .cost import activation_bytes, state_shapes
+from .model import VisionTransformer
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -249,7 +250,7 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
 @dataclass(frozen=True)
 class SizeLimits:
     """The largest model a load may build: parameters (state-dict values) and the activation memory of
-    one image at the model's input size (``vit_core.model.activation_bytes``)."""
+    one image at the model's input size (``vit_core.cost.activation_bytes``)."""
 
     max_params: int
     max_activation_bytes: int

@@ -1,4 +1,4 @@
-"""Where the model looked: relevance maps, the paper's figure 7 analyses, and scores for maps.
+"""Where the model looked: relevance maps, and the primitives they are made of.
 
 Relevance maps (all batched, all read from ``model(x, return_attention=True)``: no hooks)
 
@@ -36,15 +36,17 @@ Conventions shared by all maps:
 - Inputs are model-ready tensors (resized and normalised with ``model.config.mean/std``). The model is
   put in eval mode for the call and restored afterwards; parameters' ``.grad`` is never touched.
 
-Figure 7 of Dosovitskiy et al. (``embedding_filters``, ``position_embedding_similarity``,
-``mean_attention_distance``) returns tensors; ``vit_core.figures`` renders them as the paper does.
+On attentions already computed (a caller that keeps one forward pass, like the app, maps it again without
+running the model): ``fuse_heads``, ``discard_lowest``, ``rollout`` (the rollout of any query row: the
+read-out row gives ``attention_rollout``'s map, a patch's one-hot row where that patch's attention flows),
+``attention_rollout_from`` and ``attention_maps_from``.
 
-``deletion_insertion_auc`` scores any map function (Petsiuk et al., "RISE", BMVC 2018).
+``vit_core.faithfulness`` scores maps, ``vit_core.methods`` lists them for the app and the benchmarks, and
+``vit_core.inspection`` holds the paper's figure 7 (what the model learned, not where it looked).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -57,7 +59,6 @@ MapFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 HEAD_FUSIONS = ("mean", "max", "min")
 
 CENTRE_SIGMA = 0.25  # centre_gaussian_map's σ, a fraction of each side of the token grid
-BLUR_SIGMA = 0.25  # the blur baseline's σ, a fraction of each side of the image
 RISE_MASKS, RISE_CELLS, RISE_P_KEEP = 500, 4, 0.5  # rise's defaults: masks per image, grid side, kept share
 
 
@@ -65,7 +66,7 @@ RISE_MASKS, RISE_CELLS, RISE_P_KEEP = 500, 4, 0.5  # rise's defaults: masks per 
 
 
 @contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
+def eval_mode(model: nn.Module) -> Iterator[None]:
     """Eval mode for the duration (dropout off, so maps are deterministic), then every module's own
     flag restored, not just the root's."""
     training = [m for m in model.modules() if m.training]
@@ -78,8 +79,9 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
             m.training = True
 
 
-def _grid(model: nn.Module, images: torch.Tensor) -> tuple[int, int]:
-    """Token grid of ``images``: ceil(side / stride), as hybrids pad 'same'."""
+def token_grid(model: nn.Module, images: torch.Tensor) -> tuple[int, int]:
+    """The token grid (rows, columns) of ``model`` on ``images`` (B, C, H, W): ceil(side / stride), as hybrids
+    pad 'same'."""
     if not isinstance(images, torch.Tensor) or images.ndim != 4:
         shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
         raise ValueError(f"expected a batch of images shaped (B, C, H, W), got {shape}; add a batch dim with x[None]")
@@ -89,7 +91,7 @@ def _grid(model: nn.Module, images: torch.Tensor) -> tuple[int, int]:
 
 def _attentions(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], tuple[int, int]]:
     """Logits, per-layer attention probabilities and token grid, checked against each other."""
-    grid = _grid(model, images)
+    grid = token_grid(model, images)
     logits, attns = model(images, return_attention=True)
     expected = model.num_prefix_tokens + grid[0] * grid[1]
     if attns[0].shape[-1] != expected:
@@ -118,7 +120,7 @@ def _to_map(row: torch.Tensor, prefix: int, grid: tuple[int, int]) -> torch.Tens
     return m / m.amax(dim=(1, 2), keepdim=True).clamp_min(torch.finfo(m.dtype).tiny)
 
 
-def _targets(target: int | Sequence[int] | torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
+def target_classes(target: int | Sequence[int] | torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
     """(B,) class indices: the prediction (None), one class for all, or one per image."""
     B, C = logits.shape
     if target is None:
@@ -133,15 +135,19 @@ def _targets(target: int | Sequence[int] | torch.Tensor | None, logits: torch.Te
     return t
 
 
-def _fuse_heads(attn: torch.Tensor, head_fusion: str) -> torch.Tensor:
-    """(B, heads, T, T) -> (B, T, T) float32."""
+# ------------------------------------------------------------------ on attentions already computed
+
+
+def fuse_heads(attn: torch.Tensor, head_fusion: str) -> torch.Tensor:
+    """One layer's attention (B, heads, T, T) with its heads fused by ``head_fusion`` (``"mean"``, ``"max"``
+    or ``"min"``): (B, T, T) float32."""
     attn = attn.float()
     if head_fusion == "mean":
         return attn.mean(dim=1)
     return attn.amax(dim=1) if head_fusion == "max" else attn.amin(dim=1)
 
 
-def _discard_lowest(fused: torch.Tensor, ratio: float, prefix: int) -> torch.Tensor:
+def discard_lowest(fused: torch.Tensor, ratio: float, prefix: int) -> torch.Tensor:
     """Zero the lowest ``ratio`` of each (T, T) matrix's entries, never a prefix token's attention to
     itself (as vit-explain keeps the class token's own entry, so its row never empties)."""
     B, T, _ = fused.shape
@@ -152,6 +158,75 @@ def _discard_lowest(fused: torch.Tensor, ratio: float, prefix: int) -> torch.Ten
     drop = torch.zeros(B, T * T, dtype=torch.bool, device=fused.device).scatter_(1, lowest, True)
     drop[:, torch.arange(prefix, device=fused.device) * (T + 1)] = False
     return fused.masked_fill(drop.reshape(B, T, T), 0.0)
+
+
+def rollout(
+    attentions: Sequence[torch.Tensor],
+    rows: torch.Tensor,
+    prefix: int,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+) -> torch.Tensor:
+    """Query rows carried down the attention rollout: ``rows^T Â_L ... Â_1`` (B, T) float32, over the layers'
+    attentions (B, heads, T, T), first layer first.
+
+    Per layer, as Abnar & Zuidema (2020): heads fused (``fuse_heads``), the lowest ``discard_ratio`` of the
+    entries zeroed (``discard_lowest``, ``prefix`` tokens' own entries kept), the identity added for the
+    residual path and rows renormalised, ``Â_l = (A_l + I) / rowsum(A_l + I)``. ``rows`` (B, T) is any row:
+    the read-out row gives ``attention_rollout``, a token's one-hot row where that token's attention flows."""
+    v = rows.float()
+    for attn in reversed(attentions):
+        a = discard_lowest(fuse_heads(attn, head_fusion), discard_ratio, prefix)
+        # v^T (A + I) / rowsum(A + I): scale v by the row norms, then one vector-matrix product.
+        u = v / (a.sum(dim=-1) + 1.0)
+        v = torch.bmm(u.unsqueeze(1), a).squeeze(1) + u
+    return v
+
+
+def attention_rollout_from(
+    model: nn.Module,
+    attentions: Sequence[torch.Tensor],
+    grid: tuple[int, int],
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    start_layer: int = 0,
+) -> torch.Tensor:
+    """``attention_rollout`` of attentions already computed (``model(x, return_attention=True)``) on a token
+    ``grid`` of (grid_h, grid_w): (B, grid_h, grid_w) maps in [0, 1]. ``model`` is not run: it says which
+    row the classifier reads and how many prefix tokens there are."""
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    depth = len(attentions)
+    if not 0 <= start_layer < depth:
+        raise ValueError(f"start_layer must be in [0, {depth}) for this {depth}-layer model, got {start_layer}")
+    B, _, T, _ = attentions[0].shape
+    prefix = model.num_prefix_tokens
+    readout = _readout(model, B, T, attentions[0].device)
+    return _to_map(rollout(attentions[start_layer:], readout, prefix, head_fusion, discard_ratio), prefix, grid)
+
+
+def attention_maps_from(
+    model: nn.Module,
+    attentions: Sequence[torch.Tensor],
+    grid: tuple[int, int],
+    layer: int = -1,
+    head: int | None = None,
+) -> torch.Tensor:
+    """``attention_maps`` of attentions already computed, on a token ``grid``: (B, grid_h, grid_w) attention
+    probabilities of the read-out row at ``layer``, for one ``head`` or their mean (None)."""
+    depth = len(attentions)
+    if not -depth <= layer < depth:
+        raise ValueError(f"layer must be in [-{depth}, {depth}) for this {depth}-layer model, got {layer}")
+    heads = attentions[layer].shape[1]
+    if head is not None and not 0 <= head < heads:
+        raise ValueError(f"head must be None (mean) or in [0, {heads}), got {head}")
+    attn = attentions[layer].float()
+    attn = attn.mean(dim=1) if head is None else attn[:, head]
+    B, T, _ = attn.shape
+    row = torch.bmm(_readout(model, B, T, attn.device).unsqueeze(1), attn).squeeze(1)
+    return row[:, model.num_prefix_tokens :].reshape(B, *grid)
 
 
 # ------------------------------------------------------------------------------- relevance maps
@@ -173,24 +248,9 @@ def attention_rollout(
     ``Â_L ... Â_start`` over the patch tokens (see the module docstring), divided by its maximum.
     ``return_logits=True`` returns ``(logits, maps)`` from the same forward pass.
     """
-    if head_fusion not in HEAD_FUSIONS:
-        raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
-    if not 0.0 <= discard_ratio < 1.0:
-        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
-    depth = len(model.blocks)
-    if not 0 <= start_layer < depth:
-        raise ValueError(f"start_layer must be in [0, {depth}) for this {depth}-layer model, got {start_layer}")
-    prefix = model.num_prefix_tokens
-    with _eval_mode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad():
         logits, attns, grid = _attentions(model, images)
-        B, _, T, _ = attns[0].shape
-        v = _readout(model, B, T, attns[0].device)
-        for attn in reversed(attns[start_layer:]):
-            a = _discard_lowest(_fuse_heads(attn, head_fusion), discard_ratio, prefix)
-            # v^T (A + I) / rowsum(A + I): scale v by the row norms, then one vector-matrix product.
-            u = v / (a.sum(dim=-1) + 1.0)
-            v = torch.bmm(u.unsqueeze(1), a).squeeze(1) + u
-    maps = _to_map(v, prefix, grid)
+        maps = attention_rollout_from(model, attns, grid, head_fusion, discard_ratio, start_layer)
     return (logits, maps) if return_logits else maps
 
 
@@ -213,10 +273,10 @@ def gradient_rollout(
     prefix = model.num_prefix_tokens
     # inference_mode(False)/enable_grad: work even when called under no_grad or inference_mode.
     # The input requires grad so the attentions are in the graph even when every parameter is frozen.
-    with _eval_mode(model), torch.inference_mode(False), torch.enable_grad():
+    with eval_mode(model), torch.inference_mode(False), torch.enable_grad():
         x = images.detach().clone().requires_grad_(True)
         logits, attns, grid = _attentions(model, x)
-        t = _targets(target, logits)
+        t = target_classes(target, logits)
         score = logits.gather(1, t[:, None]).sum()
         # Gradients for exactly these tensors, paired by position: grads[l] = d score / d attns[l].
         grads = torch.autograd.grad(score, attns)
@@ -230,24 +290,14 @@ def gradient_rollout(
 
 
 def attention_maps(
-    model: nn.Module, images: torch.Tensor, layer: int, head: int | None = None, return_logits: bool = False
+    model: nn.Module, images: torch.Tensor, layer: int = -1, head: int | None = None, return_logits: bool = False
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Raw attention of the read-out token over the patch tokens at one layer: (B, grid_h, grid_w)
-    softmax probabilities, not rescaled. ``layer`` indexes the blocks (negative counts from the end);
-    ``head=None`` averages the heads. ``return_logits=True`` returns ``(logits, maps)``."""
-    depth = len(model.blocks)
-    if not -depth <= layer < depth:
-        raise ValueError(f"layer must be in [-{depth}, {depth}) for this {depth}-layer model, got {layer}")
-    heads = model.blocks[layer].attn.num_heads
-    if head is not None and not 0 <= head < heads:
-        raise ValueError(f"head must be None (mean) or in [0, {heads}), got {head}")
-    with _eval_mode(model), torch.no_grad():
+    softmax probabilities, not rescaled. ``layer`` indexes the blocks (negative counts from the end; the
+    last by default); ``head=None`` averages the heads. ``return_logits=True`` returns ``(logits, maps)``."""
+    with eval_mode(model), torch.no_grad():
         logits, attns, grid = _attentions(model, images)
-    attn = attns[layer].float()
-    attn = attn.mean(dim=1) if head is None else attn[:, head]
-    B, T, _ = attn.shape
-    row = torch.bmm(_readout(model, B, T, attn.device).unsqueeze(1), attn).squeeze(1)
-    maps = row[:, model.num_prefix_tokens :].reshape(B, *grid)
+        maps = attention_maps_from(model, attns, grid, layer, head)
     return (logits, maps) if return_logits else maps
 
 
@@ -264,7 +314,7 @@ def centre_gaussian_map(model: nn.Module, images: torch.Tensor, sigma: float = C
     """
     if sigma <= 0:
         raise ValueError(f"sigma must be > 0 (a fraction of the grid side), got {sigma}")
-    h, w = _grid(model, images)
+    h, w = token_grid(model, images)
     rows = (torch.arange(h, device=images.device, dtype=torch.float32) - (h - 1) / 2) / (sigma * h)
     cols = (torch.arange(w, device=images.device, dtype=torch.float32) - (w - 1) / 2) / (sigma * w)
     g = torch.exp(-0.5 * (rows[:, None] ** 2 + cols[None, :] ** 2))
@@ -320,8 +370,8 @@ def rise(
     B, _, H, W = images.shape
     masks = rise_masks(n_masks, (H, W), cells, p_keep, seed).to(images.device, images.dtype)
     out = torch.zeros(B, H, W, device=images.device, dtype=torch.float32)
-    with _eval_mode(model), torch.no_grad():
-        t = _targets(target, model(images))
+    with eval_mode(model), torch.no_grad():
+        t = target_classes(target, model(images))
         done, total = 0, B * n_masks
         for b in range(B):
             for m in masks.split(batch_size):
@@ -333,149 +383,3 @@ def rise(
     out = out / (n_masks * p_keep)
     out = out - out.amin(dim=(1, 2), keepdim=True)
     return out / out.amax(dim=(1, 2), keepdim=True).clamp_min(torch.finfo(out.dtype).tiny)
-
-
-# ----------------------------------------------------------------------- figure 7 of the paper
-
-
-def embedding_filters(model: nn.Module, n: int = 28) -> torch.Tensor:
-    """Principal components of the patch projection E's filters (paper fig. 7 left): (n, C, P, P).
-
-    The D filters of E, flattened to C*P*P pixels, are centred and decomposed (SVD); rows are the
-    components in order of explained variance. A component's sign is arbitrary; we make its entry of
-    largest magnitude positive so results are reproducible.
-    """
-    if model.config.is_hybrid:
-        raise ValueError("hybrid models embed CNN features, not pixels: their filters are not images")
-    w = model.patch_embed.proj.weight.detach().float()  # (D, C, P, P)
-    D, C, P, _ = w.shape
-    if not 1 <= n <= min(D, C * P * P):
-        raise ValueError(f"n must be in [1, {min(D, C * P * P)}] for {D} filters of {C}x{P}x{P} pixels, got {n}")
-    flat = w.reshape(D, -1)
-    _, _, vh = torch.linalg.svd(flat - flat.mean(dim=0), full_matrices=False)
-    comps = vh[:n]
-    sign = comps.gather(1, comps.abs().argmax(dim=1, keepdim=True)).sign()
-    return (comps * sign).reshape(n, C, P, P)
-
-
-def position_embedding_similarity(model: nn.Module) -> torch.Tensor:
-    """Cosine similarity between the learned position embeddings of the patches (paper fig. 7 centre):
-    (h, w, h, w), entry [i, j] is the (h, w) map of patch (i, j)'s similarity to every patch."""
-    h, w = model.patch_embed.grid_size
-    pos = model.pos_embed.detach()[0, -h * w :].float()  # the patches' entries come after any prefix tokens'
-
-    pos = F.normalize(pos, dim=-1)
-    return (pos @ pos.T).reshape(h, w, h, w)
-
-
-def mean_attention_distance(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """Mean attention distance in pixels (paper fig. 7 right and fig. 11): (depth, heads).
-
-    For each query patch, the distance between its centre and every key patch's centre, weighted by
-    the attention probability, averaged over query patches and images. Prefix tokens have no place in
-    the image: they are left out as queries, and each query's attention over the patch keys is
-    renormalised to sum 1 (otherwise mass on the class token would count as distance 0).
-    """
-    prefix = model.num_prefix_tokens
-    with _eval_mode(model), torch.no_grad():
-        _, attns, grid = _attentions(model, images)
-    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
-    centres = torch.stack([rows, cols], dim=-1).reshape(-1, 2).float() * model.config.feature_stride
-    dist = torch.cdist(centres, centres).to(attns[0].device)  # (N, N) pixels
-    out = []
-    for attn in attns:
-        a = attn[:, :, prefix:, prefix:].float()
-        a = a / a.sum(dim=-1, keepdim=True)
-        out.append(torch.einsum("bhqk,qk->bhq", a, dist).mean(dim=(0, 2)))
-    return torch.stack(out)
-
-
-# ------------------------------------------------------------------------ scoring explanations
-
-
-def _gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Gaussian blur of (B, C, H, W) images with standard deviation ``sigma`` x the side along each axis
-    (the same share of the image whatever its size), reflect padding. The 1D kernel is torchvision's
-    ``gaussian_blur`` kernel (radius ceil(3σ) px, here capped at side - 1, the most reflect padding
-    allows), applied down then across: the separable form of the 2D Gaussian convolution, so that σ of
-    tens of pixels stays cheap. Computed in at least float32; returned in the input's dtype."""
-    out = images.to(torch.promote_types(images.dtype, torch.float32))
-    for dim in (-2, -1):
-        side = out.shape[dim]
-        s = sigma * side
-        r = min(math.ceil(3 * s), side - 1)
-        k = torch.exp(-0.5 * (torch.arange(-r, r + 1, dtype=torch.float32, device=out.device) / s) ** 2)
-        k = (k / k.sum()).expand(out.shape[1], 1, -1)
-        if dim == -2:
-            out = F.conv2d(F.pad(out, (0, 0, r, r), mode="reflect"), k[..., None], groups=out.shape[1])
-        else:
-            out = F.conv2d(F.pad(out, (r, r, 0, 0), mode="reflect"), k[:, :, None], groups=out.shape[1])
-    return out.to(images.dtype)
-
-
-def deletion_insertion_auc(
-    model: nn.Module,
-    images: torch.Tensor,
-    map_fn: MapFn = attention_rollout,
-    target: int | Sequence[int] | torch.Tensor | None = None,
-    steps: int = 32,
-    baseline: str = "mean",
-    batch_size: int = 64,
-) -> dict[str, torch.Tensor]:
-    """Deletion and insertion scores of ``map_fn`` (Petsiuk et al., "RISE", BMVC 2018).
-
-    ``map_fn(model, images)`` gives (B, h, w) maps (any resolution; upsampled bilinearly to the image).
-    Pixels are ranked by relevance, most relevant first. Deletion replaces them with the baseline in
-    ``steps`` equal steps, starting from the image; insertion reveals them on the baseline, starting
-    from the baseline. At each of the ``steps + 1`` points we record the softmax probability of the
-    target class (None: the prediction on the unperturbed image); the AUC is the trapezoid area under
-    that curve over the fraction of pixels in [0, 1]. A good map has low deletion and high insertion AUC.
-
-    ``baseline``: ``"mean"`` (zero in normalised input space, i.e. the dataset mean colour) or
-    ``"blur"`` (the image under a Gaussian blur, as RISE's insertion, with σ = ``BLUR_SIGMA`` = a
-    quarter of each side: 8 px at 32 px, 56 px at 224 px). RISE's σ = 5 px at 224 px, scaled to 0.7 px
-    at 32 px, left a CIFAR-10 model most of its evidence; at a quarter of the side the class evidence is
-    gone and only the image's colour layout is left (numbers in ``bench/explain_sanity.py``).
-
-    Returns per-image ``deletion`` and ``insertion`` AUCs (B,) and the curves (B, steps + 1).
-    """
-    if baseline not in ("mean", "blur"):
-        raise ValueError(f"baseline must be 'mean' or 'blur', got {baseline!r}")
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    B, _, H, W = images.shape
-    with _eval_mode(model), torch.no_grad():
-        logits = model(images)
-    t = _targets(target, logits)
-    maps = map_fn(model, images).detach().float()
-    if maps.ndim != 3 or maps.shape[0] != B:
-        raise ValueError(f"map_fn must return (B, h, w) maps for {B} images, got {tuple(maps.shape)}")
-    maps = F.interpolate(maps[:, None], size=(H, W), mode="bilinear", align_corners=False).reshape(B, H * W)
-    order = maps.argsort(dim=1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(H * W, device=order.device).expand(B, -1))
-    rank = rank.reshape(B, 1, H, W)
-    base = torch.zeros_like(images) if baseline == "mean" else _gaussian_blur(images, BLUR_SIGMA)
-    counts = torch.round(torch.linspace(0, H * W, steps + 1, device=images.device)).long()
-
-    def probability(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return model(x).float().softmax(dim=-1).gather(1, t[b][:, None]).squeeze(1)
-
-    # The curves' ends are the image and the baseline whatever the map: one forward pass each, shared.
-    everything = torch.arange(B, device=images.device)
-    p_image = logits.float().softmax(dim=-1).gather(1, t[:, None]).squeeze(1)
-    curves = {}
-    with _eval_mode(model), torch.no_grad():
-        p_base = torch.cat([probability(base[b], b) for b in everything.split(batch_size)])
-        for name, (start, end) in {"deletion": (images, base), "insertion": (base, images)}.items():
-            probs = []
-            n = B * (steps - 1)  # the inner points 1 .. steps - 1, image-major
-            for i in range(0, n, batch_size):
-                idx = torch.arange(i, min(i + batch_size, n), device=images.device)
-                b, s = idx // (steps - 1), idx % (steps - 1) + 1
-                changed = rank[b] < counts[s].reshape(-1, 1, 1, 1)  # the first counts[s] pixels by relevance
-                probs.append(probability(torch.where(changed, end[b], start[b]), b))
-            inner = torch.cat(probs).reshape(B, steps - 1) if probs else p_image.new_zeros(B, 0)
-            first, last = (p_image, p_base) if name == "deletion" else (p_base, p_image)
-            curves[name] = torch.cat([first[:, None], inner, last[:, None]], dim=1)
-    auc = {k: (c.sum(dim=1) - (c[:, 0] + c[:, -1]) / 2) / steps for k, c in curves.items()}
-    return {**auc, "deletion_curve": curves["deletion"], "insertion_curve": curves["insertion"]}

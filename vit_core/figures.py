@@ -72,7 +72,7 @@ def overlay(
 def embedding_filters_figure(
     filters: torch.Tensor | np.ndarray, columns: int = 7, title: str | None = None
 ) -> Image.Image:
-    """Paper fig. 7 left: the principal components of the patch embedding (``explain.embedding_filters``),
+    """Paper fig. 7 left: the principal components of the patch embedding (``inspection.embedding_filters``),
     each scaled to [0, 1] on its own and shown as an RGB (or grey) patch. Any (n, C, k, k) filters draw the
     same way (``title`` says what they are), e.g. a hybrid's first convolution."""
     f = _numpy(filters)
@@ -93,7 +93,7 @@ def embedding_filters_figure(
 
 def position_similarity_figure(similarity: torch.Tensor | np.ndarray) -> Image.Image:
     """Paper fig. 7 centre: tile (i, j) shows the cosine similarity of patch (i, j)'s position
-    embedding to every patch's (``explain.position_embedding_similarity``)."""
+    embedding to every patch's (``inspection.position_embedding_similarity``)."""
     s = _numpy(similarity)
     if s.ndim != 4:
         raise ValueError(f"similarity must be (h, w, h, w), got shape {s.shape}")
@@ -117,7 +117,7 @@ def position_similarity_figure(similarity: torch.Tensor | np.ndarray) -> Image.I
 
 
 def attention_distance_figure(distances: torch.Tensor | np.ndarray, title: str | None = None) -> Image.Image:
-    """Paper fig. 7 right / fig. 11: mean attention distance (``explain.mean_attention_distance``,
+    """Paper fig. 7 right / fig. 11: mean attention distance (``inspection.mean_attention_distance``,
     (depth, heads) in pixels) against depth, one dot per head."""
     d = _numpy(distances)
     if d.ndim != 2:

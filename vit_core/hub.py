@@ -20,13 +20,18 @@ Downloads go through huggingface_hub and its cache (``HF_HOME`` / ``HF_HUB_CACHE
 variables apply: ``HF_HUB_OFFLINE=1`` loads cached repos without any network call, ``HF_ENDPOINT`` points
 at a mirror, ``HF_TOKEN`` authenticates for private and gated repos. Tokens are handed to
 huggingface_hub and nowhere else: never printed, logged or written to disk by this module.
+
+Code that judges a repo before loading it (the app's ``webapp.sizing`` and ``webapp.models``) asks here as
+well: ``file_sizes`` (the repo's file listing), ``download`` (one file, e.g. ``config.json``) and ``answers``
+(one request, no retries). No other module of the project lists, downloads from or uploads to the Hub.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import tempfile
+import urllib.error
+import urllib.request
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -52,7 +57,6 @@ from .checkpoint import (
     check_size,
     config_from_dict,
     load_model,
-    read_config,
     read_header,
     read_json,
     read_weights,
@@ -61,12 +65,14 @@ from .checkpoint import (
 from .config import ViTConfig
 from .convert import PREPROCESSOR_NAME, convert_transformers, load_npz, transformers_config
 from .model import VisionTransformer
-from .model_card import METRICS_NAME, read_metrics, read_recipe, render_model_card
+from .model_card import prepare_upload
 
 PICKLED_WEIGHTS_NAME = "pytorch_model.bin"
+CHECKPOINT_FILES = (CONFIG_NAME, WEIGHTS_NAME, PICKLED_WEIGHTS_NAME)  # what a checkpoint folder is read from
 LIBRARY = "vit_core"
 _NAME = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?"  # a Hub user or repo name: no leading/trailing '.' or '-'
-_REPO = re.compile(rf"(?:hf-hub:)?(?P<repo>{_NAME}/{_NAME})(?P<file>/[^@]+)?(?:@(?P<rev>.+))?")
+# A Hub reference: [hf-hub:]owner/name[/file.npz][@revision]
+HUB_ID = re.compile(rf"(?:hf-hub:)?(?P<repo>{_NAME}/{_NAME})(?P<file>/[^@]+)?(?:@(?P<rev>.+))?")
 
 Fetch = Callable[..., Path | None]  # fetch(filename, optional=False) -> local path, or None if optional and absent
 
@@ -99,7 +105,7 @@ def from_pretrained(
     path = Path(name_or_path).expanduser()
     if path.exists():
         return _load_local(path, overrides, limits)
-    m = _REPO.fullmatch(str(name_or_path))
+    m = HUB_ID.fullmatch(str(name_or_path))
     if m is None:
         raise CheckpointError(f"{name_or_path}: no such file or folder, and not a Hub repo id ('owner/name')")
     repo_id, filename = m["repo"], (m["file"] or "").strip("/") or None
@@ -262,6 +268,51 @@ def _list_files(repo_id: str, revision: str | None, token: str | None) -> list[s
         return HfApi(library_name=LIBRARY).list_repo_files(repo_id, revision=revision, token=token)
 
 
+def offline() -> bool:
+    """Whether huggingface_hub is set to make no network call (``HF_HUB_OFFLINE``)."""
+    return constants.HF_HUB_OFFLINE
+
+
+def answers(name: str, timeout: float = 5.0) -> bool:
+    """Whether the Hub (``HF_ENDPOINT``) answers one request about the repo ``name`` (``owner/name``, or with
+    a file path after it) within ``timeout`` seconds. huggingface_hub retries an unreachable endpoint for
+    about 30 s per file; this asks once."""
+    repo = "/".join(name.split("/")[:2])
+    try:
+        urllib.request.urlopen(f"{constants.ENDPOINT}/api/models/{repo}", timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return True  # an answer, if not a yes: the load says what is wrong
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def file_sizes(repo_id: str, revision: str | None = None, filename: str | None = None) -> dict[str, int] | None:
+    """{path: bytes} of a Hub repo's files (or of ``filename`` alone), from the Hub's file listing, before
+    anything is downloaded; offline (``HF_HUB_OFFLINE``), those of ``CHECKPOINT_FILES`` (or ``filename``)
+    in the local cache. None when the Hub says the repo or revision does not exist or is gated
+    (``from_pretrained`` says which); ``HubError`` when it does not answer."""
+    if constants.HF_HUB_OFFLINE:
+        names = [filename] if filename else CHECKPOINT_FILES
+        cached = {n: try_to_load_from_cache(repo_id, n, revision=revision) for n in names}
+        return {n: Path(p).stat().st_size for n, p in cached.items() if isinstance(p, str)}
+    try:
+        listing = HfApi(library_name=LIBRARY).list_repo_tree(repo_id, revision=revision, recursive=bool(filename))
+        sizes = {e.path: e.size for e in listing if getattr(e, "size", None) is not None}
+    except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError):
+        return None
+    except Exception:  # network or server trouble
+        raise HubError(f"{repo_id}: the Hub did not answer with the repo's file list; try again later") from None
+    if filename:
+        return {filename: sizes[filename]} if filename in sizes else {}
+    return sizes
+
+
+def download(repo_id: str, filename: str, revision: str | None = None, token: str | None = None) -> Path:
+    """One file of a Hub repo: from the local cache, else downloaded into it (``HubError`` says why not)."""
+    return _hub_fetcher(repo_id, revision, token)(filename)
+
+
 @contextmanager
 def _hub_errors(repo_id: str, revision: str | None, token: str | None) -> Iterator[None]:
     """Turn huggingface_hub's HTTP errors into ``HubError`` messages that say what to do (tokens redacted).
@@ -300,45 +351,6 @@ def _redact(text: str, token: str | None) -> str:
 
 
 # ------------------------------------------------------------------------------------ publishing
-
-
-def prepare_upload(
-    folder: str | Path, repo_id: str, license: str = "apache-2.0", dataset: str | None = None
-) -> tuple[dict[str, Path], str]:
-    """What ``push_to_hub`` uploads from a checkpoint or training run folder: ({name in repo: local
-    file}, model card text). Uploads ``model.safetensors``, ``config.json``, ``metrics.jsonl`` and top-level
-    ``*.png`` (training curves); the card is generated (see ``vit_core.model_card``), never read from the folder."""
-    folder = Path(folder)
-    missing = [n for n in (WEIGHTS_NAME, CONFIG_NAME) if not (folder / n).is_file()]
-    if not folder.is_dir() or missing:
-        raise CheckpointError(
-            f"{folder}: no {' or '.join(missing) or 'such folder'}; push a folder written by save_pretrained "
-            "(a training run folder holds one once training has finished)"
-        )
-    cfg = read_config(folder)
-    files = {WEIGHTS_NAME: folder / WEIGHTS_NAME, CONFIG_NAME: folder / CONFIG_NAME}
-    metrics = []
-    if (folder / METRICS_NAME).is_file():
-        files[METRICS_NAME] = folder / METRICS_NAME
-        metrics = read_metrics(folder / METRICS_NAME)
-    images = sorted(p.name for p in folder.glob("*.png"))
-    files.update({name: folder / name for name in images})
-    card = render_model_card(
-        cfg,
-        repo_id,
-        num_params=_count_params(folder / WEIGHTS_NAME),
-        metrics=metrics,
-        recipe=read_recipe(folder),
-        images=images,
-        license=license,
-        dataset=dataset,
-    )
-    return files, card
-
-
-def _count_params(path: Path) -> int:
-    """Number of weights in a safetensors file, read from its header without loading the tensors."""
-    return sum(math.prod(shape) for shape in read_header(path).values())
 
 
 def push_to_hub(

@@ -13,6 +13,8 @@ What is read from a training run folder (the layout ``vit_core.engine`` writes):
   Hub dataset, anything else (a folder) is named but not linked. A recipe with ``task`` other than
   ``classify`` (masked patch prediction pre-training) reports no classification accuracy.
 - top-level ``*.png`` files (training curves): embedded in the card.
+
+``prepare_upload`` says what ``vit_core.hub.push_to_hub`` uploads from such a folder: its files and the card.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
+from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, read_config, read_header
 from .config import ViTConfig, size_name
-from .run_folder import METRICS_NAME as METRICS_NAME  # hub.py imports it from here
+from .run_folder import METRICS_NAME
 
 ACCURACY_KEYS = ("ema_test_top1", "top1", "test_top1", "test_acc", "val_top1", "val_acc", "acc", "accuracy")
 RECIPE_NAMES = ("recipe.json", "recipe.yaml", "recipe.yml")
@@ -124,6 +127,48 @@ def _dataset_ids(name: str) -> tuple[str | None, str]:
     if key in _DATASETS:
         return _DATASETS[key]
     return None, Path(name).name or name  # a local folder: named, not linked
+
+
+# ------------------------------------------------------------------------------------ the upload
+
+
+def prepare_upload(
+    folder: str | Path, repo_id: str, license: str = "apache-2.0", dataset: str | None = None
+) -> tuple[dict[str, Path], str]:
+    """What ``push_to_hub`` uploads from a checkpoint or training run folder: ({name in repo: local
+    file}, model card text). Uploads ``model.safetensors``, ``config.json``, ``metrics.jsonl`` and top-level
+    ``*.png`` (training curves); the card is generated (see ``vit_core.model_card``), never read from the folder."""
+    folder = Path(folder)
+    missing = [n for n in (WEIGHTS_NAME, CONFIG_NAME) if not (folder / n).is_file()]
+    if not folder.is_dir() or missing:
+        raise CheckpointError(
+            f"{folder}: no {' or '.join(missing) or 'such folder'}; push a folder written by save_pretrained "
+            "(a training run folder holds one once training has finished)"
+        )
+    cfg = read_config(folder)
+    files = {WEIGHTS_NAME: folder / WEIGHTS_NAME, CONFIG_NAME: folder / CONFIG_NAME}
+    metrics = []
+    if (folder / METRICS_NAME).is_file():
+        files[METRICS_NAME] = folder / METRICS_NAME
+        metrics = read_metrics(folder / METRICS_NAME)
+    images = sorted(p.name for p in folder.glob("*.png"))
+    files.update({name: folder / name for name in images})
+    card = render_model_card(
+        cfg,
+        repo_id,
+        num_params=_count_params(folder / WEIGHTS_NAME),
+        metrics=metrics,
+        recipe=read_recipe(folder),
+        images=images,
+        license=license,
+        dataset=dataset,
+    )
+    return files, card
+
+
+def _count_params(path: Path) -> int:
+    """Number of weights in a safetensors file, read from its header without loading the tensors."""
+    return sum(math.prod(shape) for shape in read_header(path).values())
 
 
 # ------------------------------------------------------------------------------------ the card

@@ -10,20 +10,19 @@ known to whoever uploaded it. Refusals never say whether a path exists.
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from gradio.utils import get_cache_folder, get_upload_folder
 
+from vit_core.hub import HUB_ID
+
 from .catalog import BUNDLED, BUNDLED_LABEL, CURATED, ROOT, run_folders
 
 PUBLIC_ROOTS = (ROOT / "models", ROOT / "runs")  # the only local folders public mode serves
 NOT_SERVED = "This app serves only the models in its list: choose one of them."
 UPLOADED = "Uploaded files cannot be used as models."
-_NAME = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?"  # a Hub user or repo name, as vit_core.hub reads it
-_HUB_ID = re.compile(rf"(?:hf-hub:)?(?P<repo>{_NAME}/{_NAME})(?P<file>/[^@]+)?(?:@(?P<rev>.+))?")
 
 
 class ModelError(Exception):
@@ -65,7 +64,7 @@ def parse(text: str) -> Choice | None:
     if exists:
         real = os.path.realpath(path)
         return Choice(text, text, real, None, f"local:{real}")
-    m = _HUB_ID.fullmatch(text)
+    m = HUB_ID.fullmatch(text)
     if m is None:
         return None
     revision = m["rev"] or "main"

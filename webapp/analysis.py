@@ -1,4 +1,4 @@
-"""One image through one model, computed once and reused by every view.
+"""One image through one model, computed once and reused by every view, and the maps drawn from it.
 
 Changing the opacity, the method, the layer or head, clicking a patch or comparing methods all start from the
 same forward pass: the decoded image, the model input, the probabilities and every block's attention. An
@@ -6,34 +6,28 @@ same forward pass: the decoded image, the model input, the probabilities and eve
 in bytes), so a settings change costs a map and a picture, not a decode and a forward pass. Cached tensors
 live on the CPU: on a ZeroGPU Space the GPU is attached only for the duration of one call.
 
-Maps come from ``vit_core.explain`` itself, run on the cached attentions through ``_Replay``, so the app
-shows exactly what the library computes.
+Maps come from the methods of ``vit_core.methods``, so the app shows exactly what the library computes: those
+made from attentions are drawn from the cached ones (``Method.from_attentions``); the others run the model and
+are kept in the ``Analysis``, one per class.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from PIL import Image
-from torch import nn
 
 from vit_core import VisionTransformer, explain
 from vit_core.data import load_image
-from vit_core.model import forward_flops
 
-RISE, ROLLOUT, GRADIENT, RAW = "RISE (random masks)", "Attention rollout", "Gradient rollout", "Raw attention"
-METHODS = (RISE, ROLLOUT, GRADIENT, RAW)
-# What one RISE map may cost (explain.RISE_MASKS forward passes), in FLOPs: 1.5 s measured on a 2-core CPU
-# (the bundled model: 500 x 0.26 GFLOP); on a GPU, ViT-L/16 at 384 px fits.
-RISE_BUDGET = {"cpu": 2e11, "cuda": 2e14}
-PREDICTED = "(predicted class)"
+from .settings import Settings, affordable, refusal
+
 MAX_SIDE = 2048  # overlays of larger images are drawn on a copy downscaled to this long side
 MAX_PIXELS = 50_000_000  # larger uploads are refused before decoding (decompression bombs)
 Box = tuple[int, int, int, int]
@@ -58,8 +52,8 @@ class Analysis:
     x: torch.Tensor  # (1, C, H, W) model input, CPU
     probs: torch.Tensor  # (num_classes,) float32, CPU: mean of the image's and its mirror's (mirror_mean)
     attentions: list[torch.Tensor]  # per block (1, heads, T, T) float32, CPU
-    gradient: dict[int, torch.Tensor] = field(default_factory=dict)  # gradient rollout map per target class
-    rise: dict[int, torch.Tensor] = field(default_factory=dict)  # RISE map per target class
+    # maps that run the model, by (method key, class or None, options): computed once, then kept
+    maps: dict[tuple, torch.Tensor] = field(default_factory=dict)
 
     @property
     def box(self) -> Box:
@@ -73,34 +67,11 @@ class Analysis:
 
     @property
     def grid(self) -> tuple[int, int]:
-        stride = self.model.config.feature_stride
-        return -(-self.x.shape[-2] // stride), -(-self.x.shape[-1] // stride)
+        return explain.token_grid(self.model, self.x)
 
     def nbytes(self) -> int:
-        tensors = [self.x, self.probs, *self.attentions, *self.gradient.values(), *self.rise.values()]
+        tensors = [self.x, self.probs, *self.attentions, *self.maps.values()]
         return sum(t.numel() * t.element_size() for t in tensors) + 3 * self.shown.width * self.shown.height
-
-
-class _Replay(nn.Module):
-    """Stands in for the model in ``vit_core.explain``: its forward returns the cached logits and attentions
-    instead of running the network, so the library's maps run on a forward pass computed once."""
-
-    def __init__(self, a: Analysis) -> None:
-        super().__init__()
-        self.model, self._a = a.model, a
-        self.num_prefix_tokens = a.model.num_prefix_tokens
-
-    @property
-    def config(self):
-        return self.model.config
-
-    @property
-    def blocks(self) -> nn.ModuleList:
-        return self.model.blocks
-
-    def forward(self, images: torch.Tensor, return_attention: bool = False):
-        logits = self._a.probs.log()[None]  # same argmax and softmax as the logits
-        return (logits, self._a.attentions) if return_attention else logits
 
 
 class AnalysisCache:
@@ -178,119 +149,6 @@ def analyse(model: VisionTransformer, transform, model_key: str, path: str, devi
     return ANALYSES.get_or_compute((model_key, digest), compute)
 
 
-# ---------------------------------------------------------------------------------------- settings
-
-
-def rise_flops(model: VisionTransformer) -> int:
-    """What one RISE map costs: ``explain.RISE_MASKS`` forward passes of the model."""
-    return explain.RISE_MASKS * forward_flops(model.config)
-
-
-def rise_affordable(model: VisionTransformer, device: torch.device) -> bool:
-    return rise_flops(model) <= RISE_BUDGET.get(device.type, RISE_BUDGET["cpu"])
-
-
-def default_method(model: VisionTransformer, device: torch.device) -> str:
-    """RISE where it fits the budget: of the maps that beat the centre-Gaussian baseline on the bundled model it
-    beats it by the most (``bench/results/explain_cifar10_hybrid_pool.md``); else gradient rollout, one
-    backward pass, which beats it by less."""
-    return RISE if rise_affordable(model, device) else GRADIENT
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What a map is drawn with, checked against the model: requests are untrusted."""
-
-    method: str = RISE
-    target: int | None = None  # class index; None: the predicted class
-    layer: int = -1  # raw attention's block, negative from the end
-    head: int | None = None  # None: mean over heads
-    head_fusion: str = "mean"
-    discard_ratio: float = 0.0
-    opacity: float = 0.5
-
-
-def _integer(value: object, what: str) -> int:
-    try:
-        f = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a whole number, got {value!r}") from None
-    if not math.isfinite(f) or f != int(f):
-        raise ValueError(f"{what} must be a whole number, got {value!r}")
-    return int(f)
-
-
-def check_layer(model: VisionTransformer, layer: object) -> int:
-    depth = model.config.depth
-    i = _integer(layer, "layer")
-    if not -depth <= i < depth:
-        raise ValueError(f"layer must be in {-depth}..{depth - 1} for this {depth}-layer model, got {layer!r}")
-    return i % depth
-
-
-def check_head(model: VisionTransformer, head: object) -> int | None:
-    if head in (None, "", "mean"):
-        return None
-    heads = model.config.num_heads
-    i = _integer(head, "head")
-    if not 0 <= i < heads:
-        raise ValueError(f"head must be 'mean' or 0..{heads - 1}, got {head!r}")
-    return i
-
-
-def check_target(model: VisionTransformer, target: object) -> int | None:
-    if target in (None, "", PREDICTED):
-        return None
-    names = model.class_names
-    if target not in names:
-        raise ValueError(f"{target!r} is not a class of this model; choose one of {', '.join(names[:20])}...")
-    return names.index(target)  # type: ignore[arg-type]
-
-
-def check_top_k(top_k: object, num_classes: int) -> int:
-    """How many classes to list: at least 1, at most the model's classes."""
-    k = _integer(top_k, "top-k")
-    if k < 1:
-        raise ValueError(f"top-k must be at least 1, got {top_k!r}")
-    return min(k, num_classes)
-
-
-def _unit(value: object, what: str, hi: float) -> float:
-    try:
-        f = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a number, got {value!r}") from None
-    if not 0.0 <= f <= hi:
-        raise ValueError(f"{what} must be in [0, {hi}], got {value!r}")
-    return f
-
-
-def parse_settings(
-    model: VisionTransformer,
-    method: str = METHODS[0],
-    target: str | None = PREDICTED,
-    layer: object = -1,
-    head: object = "mean",
-    head_fusion: str = "mean",
-    discard_ratio: object = 0.0,
-    opacity: object = 0.5,
-) -> Settings:
-    """Settings from a request's raw values; ``ValueError`` naming the bad one and the valid range."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    if head_fusion not in explain.HEAD_FUSIONS:
-        raise ValueError(f"head fusion must be one of {', '.join(explain.HEAD_FUSIONS)}, got {head_fusion!r}")
-    return Settings(
-        method=method,
-        target=check_target(model, target),
-        layer=check_layer(model, layer),
-        head=check_head(model, head),
-        head_fusion=head_fusion,
-        discard_ratio=_unit(discard_ratio, "discard ratio", 0.99),
-        opacity=_unit(opacity, "opacity", 1.0),
-    )
-
-
 # -------------------------------------------------------------------------------------------- maps
 
 
@@ -299,72 +157,26 @@ def explained_class(a: Analysis, s: Settings) -> int:
     return int(a.probs.argmax()) if s.target is None else s.target
 
 
-def gradient_map(a: Analysis, target: int, device: torch.device) -> torch.Tensor:
-    """Gradient rollout needs a backward pass through the real model: once per class, then cached."""
-    if target not in a.gradient:
-        with autocast(device):
-            heat = explain.gradient_rollout(a.model, a.x.to(device), target=target)
-        a.gradient[target] = heat[0].float().cpu()
-    return a.gradient[target]
-
-
-def rise_map(
-    a: Analysis, target: int, device: torch.device, progress: Callable[[float, str], None] | None = None
-) -> torch.Tensor:
-    """RISE runs ``explain.RISE_MASKS`` forward passes of the real model: refused over ``RISE_BUDGET``
-    (requests are untrusted), computed once per class, then cached."""
-    if not rise_affordable(a.model, device):
-        gflop = rise_flops(a.model) / 1e9
-        raise ValueError(
-            f"RISE needs {explain.RISE_MASKS} forward passes of this model ({gflop:,.0f} GFLOP), more than this "
-            f"server allows on its {device.type.upper()}; choose {GRADIENT} or {ROLLOUT}"
-        )
-    if target not in a.rise:
-        report = None if progress is None else (lambda done, total: progress(done / total, "RISE: masked images"))
-        with autocast(device):
-            heat = explain.rise(a.model, a.x.to(device), target=target, progress=report)
-        a.rise[target] = heat[0].float().cpu()
-    return a.rise[target]
-
-
 def relevance(
     a: Analysis, s: Settings, device: torch.device, progress: Callable[[float, str], None] | None = None
 ) -> torch.Tensor:
-    """The map of ``s.method`` for the image: (grid_h, grid_w), or (H, W) for RISE."""
-    if s.method == RISE:
-        return rise_map(a, explained_class(a, s), device, progress)
-    if s.method == GRADIENT:
-        return gradient_map(a, explained_class(a, s), device)
-    replay = _Replay(a)
-    if s.method == RAW:
-        return explain.attention_maps(replay, a.x, layer=s.layer, head=s.head)[0]
-    return explain.attention_rollout(replay, a.x, head_fusion=s.head_fusion, discard_ratio=s.discard_ratio)[0]
+    """The map of ``s.method`` for the image: (grid_h, grid_w), or (H, W) for RISE.
 
-
-# ------------------------------------------------------------------------------------------ compare
-
-COMPARE_STEPS = 16  # deletion/insertion curve points: 2 x 17 forward passes per map, batched
-CENTRE = "Centre Gaussian (baseline: ignores the image)"
-
-
-def compare(
-    a: Analysis, s: Settings, device: torch.device, progress: Callable[[float, str], None]
-) -> list[tuple[str, torch.Tensor, float, float]]:
-    """Each method's map for the explained class, and how faithful it is on this image: deletion AUC (lower
-    is better) and insertion AUC (higher is better), ``explain.deletion_insertion_auc``. The centre-Gaussian
-    map ignores the image: a method that does no better than it says little about this image. RISE is left
-    out where it is over ``RISE_BUDGET``."""
-    methods = [m for m in METHODS if m != RISE or rise_affordable(a.model, device)]
-    maps = {m: relevance(a, replace(s, method=m), device, progress) for m in methods}
-    maps[CENTRE] = explain.centre_gaussian_map(a.model, a.x)[0]
-    target = explained_class(a, s)
-    x = a.x.to(device)
-    scored = []
-    for i, (name, heat) in enumerate(maps.items()):
-        progress(i / len(maps), f"Deleting and inserting pixels in the order of: {name}")
+    Drawn from the cached attentions when the method can be; else computed with the model (refused when it is
+    not ``affordable`` here: requests are untrusted) once per class and options, then kept in ``a.maps``."""
+    m, options = s.method, s.options()
+    if m.from_attentions is not None:
+        return m.from_attentions(a.model, a.attentions, a.grid, **options)[0]
+    if not affordable(m, a.model, device):
+        raise ValueError(refusal(m, a.model, device))
+    target = explained_class(a, s) if m.per_class else None
+    key = (m.key, target, *options.values())
+    if key not in a.maps:
+        if m.per_class:
+            options["target"] = target
+        if m.progress is not None and progress is not None:
+            options["progress"] = lambda done, total: progress(done / total, f"{m.name}: {m.progress}")
         with autocast(device):
-            auc = explain.deletion_insertion_auc(
-                a.model, x, lambda m, imgs, h=heat: h[None].to(imgs.device), target=target, steps=COMPARE_STEPS
-            )
-        scored.append((name, heat, float(auc["deletion"][0]), float(auc["insertion"][0])))
-    return scored
+            heat = m.fn(a.model, a.x.to(device), **options)
+        a.maps[key] = heat[0].float().cpu()
+    return a.maps[key]

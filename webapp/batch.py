@@ -22,12 +22,13 @@ from pathlib import Path, PurePosixPath
 import torch
 from PIL import Image
 
-from vit_core import VisionTransformer, explain
+from vit_core import VisionTransformer, methods
 from vit_core.data import ImageDataError, load_image
 
 from . import render
-from .analysis import GRADIENT, MAX_PIXELS, RAW, ROLLOUT, Settings, autocast, mirror_mean
+from .analysis import MAX_PIXELS, autocast, mirror_mean
 from .model_info import UNSURE_BELOW, verdict
+from .settings import Settings
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff"}
 MAX_IMAGES = 64  # images per batch, across all files and archives
@@ -36,7 +37,6 @@ MAX_IMAGE_BYTES = 32 << 20  # one image, compressed size
 MAX_TOTAL_BYTES = 256 << 20  # all images of a batch, as read
 THUMB = 384  # long side of the gallery's overlays
 CHUNK = 16  # images per forward pass
-METHODS = (ROLLOUT, GRADIENT, RAW)  # maps from one forward (and backward) pass per chunk; not RISE
 OUT_DIR = Path(tempfile.gettempdir()) / "vit_core_app"  # CSVs, removed after an hour
 
 
@@ -123,10 +123,12 @@ def classify_batch(
 ) -> list[tuple[Image.Image, str]]:
     """Overlays with captions for the gallery, ``CHUNK`` images per forward pass; sets each item's ``probs``
     (with its mirror's, as the Classify tab: ``mirror_mean``).
-    The map is ``s.method`` for each image's predicted class (raw attention: the last layer, heads averaged);
-    RISE, hundreds of forward passes per image, is for the Classify tab only."""
-    if s.method not in METHODS:
-        raise ValueError(f"the Batch tab's explanations are {', '.join(METHODS)}; {s.method} is on the Classify tab")
+    The map is ``s.method`` for each image's predicted class, with the options of ``s`` (raw attention: the
+    last layer by default, heads averaged); only ``batchable`` methods: RISE, hundreds of forward passes per
+    image, is for the Classify tab."""
+    if not s.method.batchable:
+        titles = ", ".join(m.title for m in batchable())
+        raise ValueError(f"the Batch tab's explanations are {titles}; {s.method.title} is on the Classify tab")
     good = [i for i in items if i.image is not None]
     gallery = []
     names = model.class_names
@@ -134,14 +136,7 @@ def classify_batch(
         chunk = good[start : start + CHUNK]
         x = torch.stack([transform(i.image) for i in chunk]).to(device)
         with autocast(device):
-            if s.method == GRADIENT:
-                logits, maps = explain.gradient_rollout(model, x, return_logits=True)
-            elif s.method == RAW:
-                logits, maps = explain.attention_maps(model, x, layer=-1, return_logits=True)
-            else:
-                logits, maps = explain.attention_rollout(
-                    model, x, head_fusion=s.head_fusion, discard_ratio=s.discard_ratio, return_logits=True
-                )
+            logits, maps = s.method.fn(model, x, **s.options(), return_logits=True)
         with torch.no_grad(), autocast(device):
             mirrored = model(x.flip(-1))
         p = mirror_mean(logits, mirrored).cpu()
@@ -152,6 +147,11 @@ def classify_batch(
             gallery.append((render.map_on_image(shown, box, heat, s.opacity, ""), f"{item.name}: {verdict(pi, names)}"))
             item.probs = pi
     return gallery
+
+
+def batchable() -> list[methods.Method]:
+    """The methods the Batch tab offers: those of the table that map a batch in a few passes."""
+    return [m for m in methods.METHODS if m.batchable]
 
 
 def write_csv(items: list[Item], names: list[str], top_k: int) -> Path:

@@ -4,10 +4,14 @@ so Gradio logs them with theirs)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
+from collections.abc import Callable
 
 import gradio as gr
+
+from vit_core.data import ImageDataError
 
 log = logging.getLogger("webapp")
 MAX_CHARS = 300
@@ -31,3 +35,17 @@ def user_error(error: Exception) -> gr.Error:
         return error
     log.warning("%s: %s", type(error).__name__, str(error).strip().splitlines()[0] if str(error).strip() else "")
     return gr.Error(public(str(error)), print_exception=False)
+
+
+def user_errors(fn: Callable) -> Callable:
+    """A handler whose bad requests (an unreadable image, a layer the model lacks...) become messages for the
+    user (``user_error``); other errors pass, for Gradio to log with their traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, ImageDataError) as e:  # gr.Error too: it is a ValueError
+            raise user_error(e) from None
+
+    return wrapper

@@ -17,7 +17,8 @@ from PIL import Image
 from vit_core import explain
 
 from . import render
-from .analysis import Analysis, Settings
+from .analysis import Analysis
+from .settings import Settings
 
 SIDE = 320  # long side of the explorer's overlays, in pixels
 TILE = 144  # long side of one head's tile
@@ -67,18 +68,12 @@ def attention_row(a: Analysis, patch: Patch, layer: int, head: int | None) -> to
 
 
 def rollout_row(a: Analysis, patch: Patch, head_fusion: str, discard_ratio: float) -> torch.Tensor:
-    """(grid_h, grid_w): the patch's row of the attention rollout ``Â_L ... Â_1``, divided by its maximum.
-
-    The same per-layer steps as ``explain.attention_rollout`` (heads fused, lowest entries discarded,
-    identity added, rows renormalised), propagated from this patch's token instead of the read-out row."""
+    """(grid_h, grid_w): the patch's row of the attention rollout ``Â_L ... Â_1``, divided by its maximum:
+    ``explain.rollout`` carried from this patch's token instead of the read-out row."""
     prefix = a.model.num_prefix_tokens
     v = torch.zeros(1, a.attentions[0].shape[-1])
     v[0, patch.token] = 1.0
-    for attn in reversed(a.attentions):
-        fused = explain._discard_lowest(explain._fuse_heads(attn, head_fusion), discard_ratio, prefix)
-        u = v / (fused.sum(dim=-1) + 1.0)
-        v = torch.bmm(u.unsqueeze(1), fused).squeeze(1) + u
-    row = v[0, prefix:].reshape(patch.grid)
+    row = explain.rollout(a.attentions, v, prefix, head_fusion, discard_ratio)[0, prefix:].reshape(patch.grid)
     return row / row.max().clamp_min(torch.finfo(row.dtype).tiny)
 
 

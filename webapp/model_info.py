@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vit_core import VisionTransformer, explain, figures
+from vit_core import VisionTransformer, figures, inspection
 from vit_core.run_folder import METRICS_NAME
 
 from .analysis import autocast
@@ -81,7 +81,7 @@ def filters_figure(model: VisionTransformer) -> Image.Image:
     D, C, P, _ = model.patch_embed.proj.weight.shape
     n = min(FILTERS, D, C * P * P)
     return figures.embedding_filters_figure(
-        explain.embedding_filters(model, n=n), title=f"{kind} embedding filters\n(first {n} principal components)"
+        inspection.embedding_filters(model, n=n), title=f"{kind} embedding filters\n(first {n} principal components)"
     )
 
 
@@ -90,9 +90,9 @@ def inspect_figures(
 ) -> tuple[Image.Image, Image.Image, Image.Image]:
     """The paper's figure 7 for ``model``: filters, position-embedding similarity, and mean attention
     distance over ``images`` (a model-ready batch)."""
-    similarity = figures.position_similarity_figure(explain.position_embedding_similarity(model))
+    similarity = figures.position_similarity_figure(inspection.position_embedding_similarity(model))
     with torch.no_grad(), autocast(device):
-        distances = explain.mean_attention_distance(model, images.to(device))
+        distances = inspection.mean_attention_distance(model, images.to(device))
     distance = figures.attention_distance_figure(distances, title="Mean attention distance")
     return filters_figure(model), similarity, distance
 

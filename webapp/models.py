@@ -15,19 +15,18 @@ A public Space takes any text in ``/classify``'s ``model_choice`` from anyone, s
   memory; the memory it took is handed back to the OS.
 - **What people read** (``webapp.errors``): short messages without server paths; the log (logger
   ``webapp``) gets one line per handled error and a traceback only for unexpected ones.
+
+The limits are ``webapp.options.Options`` (the command line). Before a Hub load the Hub is asked once whether it
+answers (``vit_core.hub.answers``): huggingface_hub would retry a dead endpoint for about 30 s per file.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import logging
 import os
 import threading
 import time
 import traceback
-import urllib.error
-import urllib.request
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -36,110 +35,22 @@ from pathlib import Path
 
 import gradio as gr
 import torch
-import yaml
-from huggingface_hub import constants
 
 import vit_core
+from vit_core import hub
 from vit_core.data import build_transform
 from vit_core.data.transforms import ImageTransform
 
 from . import sizing
 from .access import Access, Choice, ModelError, default_choices, operator_choice
-from .catalog import AUTO, BUNDLED_LABEL, ROOT, imagenet_names, run_folders
+from .catalog import AUTO, BUNDLED_LABEL, imagenet_names
 from .errors import log, public
 from .memory import release_memory
+from .options import AUTO_MODEL, Options
 
-__all__ = ["AUTO_MODEL", "BUNDLED_LABEL", "ROOT", "Models", "Settings", "add_arguments", "configure", "run_folders"]
-
-AUTO_MODEL = "auto"
 LOAD_WORKERS = 2  # loads of different checkpoints in parallel; each is within --max-model-mb
 UI_LOAD_WAIT = 300.0  # seconds the model picker waits for a load (with a progress bar)
 MB = 2**20
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the operator allows. The defaults are local use: any model by name, generous limits."""
-
-    public: bool = False  # only listed models; local folders only under models/ and runs/
-    allow_any: bool = True  # web users may type any folder or Hub repo id
-    models: tuple[str, ...] | None = None  # the picker's list; None: bundled + curated (+ runs/ if not public)
-    max_loaded: int = 4
-    max_loaded_mb: int = 3000
-    max_model_mb: int = 2000  # ViT-L/16 needs ~1650 (weights + one explanation's activations)
-    failed_ttl: float = 600.0
-    request_wait: float = 1.0  # seconds a request waits for a load before answering "still loading"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The app's model options: the startup model, what web users may choose, and the memory limits."""
-    d = Settings()
-    g = parser.add_argument_group("models")
-    g.add_argument(
-        "--model",
-        default=AUTO_MODEL,
-        help="startup model: 'auto' (default: the paper's ViT-B/16 from the Hub when it answers, else the bundled "
-        "CIFAR-10 model), 'bundled', a run or checkpoint folder, or a Hub repo id",
-    )
-    g.add_argument(
-        "--public",
-        action="store_true",
-        help="serve only the listed models, local ones only from models/ and runs/ (always on a Space)",
-    )
-    listed = g.add_mutually_exclusive_group()
-    listed.add_argument(
-        "--models",
-        help="comma-separated models web users may choose (default: the bundled model and the curated ImageNet "
-        "checkpoints, plus the run folders when not public)",
-    )
-    listed.add_argument("--models-file", type=Path, help="the same as a JSON or YAML list in a file")
-    g.add_argument(
-        "--allow-any-model",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="let web users type any folder or Hub repo id (default: only when served on 127.0.0.1/localhost, "
-        "without --share, not public)",
-    )
-    g.add_argument("--max-loaded", type=int, default=d.max_loaded, help="models kept loaded at once")
-    g.add_argument("--max-loaded-mb", type=int, default=d.max_loaded_mb, help="MB of weights kept loaded")
-    g.add_argument(
-        "--max-model-mb",
-        type=int,
-        default=d.max_model_mb,
-        help="largest model attempted: MB of weights plus one explanation's activations",
-    )
-    g.add_argument("--failed-load-ttl", type=float, default=d.failed_ttl, help="seconds a failed load is remembered")
-
-
-def configure(args: argparse.Namespace) -> Settings:
-    """Settings from the parsed options (and ``SPACE_ID``: a Space is public); sets up the log."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    public = bool(args.public or os.environ.get("SPACE_ID"))
-    host = getattr(args, "host", None) or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
-    local = host in ("127.0.0.1", "localhost", "::1") and not getattr(args, "share", False)
-    if public and args.allow_any_model:
-        raise SystemExit("--allow-any-model: public mode serves only the listed models")
-    allow_any = (local and not public) if args.allow_any_model is None else args.allow_any_model
-    models = None
-    if args.models is not None:
-        models = tuple(m.strip() for m in args.models.split(",") if m.strip())
-    elif args.models_file is not None:
-        try:
-            models = yaml.safe_load(args.models_file.read_text())  # YAML reads JSON lists too
-        except (OSError, yaml.YAMLError) as e:
-            raise SystemExit(f"--models-file {args.models_file}: {e}") from None
-        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-            raise SystemExit(f"--models-file {args.models_file}: expected a list of model names")
-        models = tuple(models)
-    if models == ():
-        raise SystemExit("--models: the list is empty")
-    limits = {"max_loaded": args.max_loaded, "max_loaded_mb": args.max_loaded_mb, "max_model_mb": args.max_model_mb}
-    if min(limits.values()) < 1:
-        raise SystemExit(f"--max-loaded, --max-loaded-mb and --max-model-mb must be >= 1, got {limits}")
-    return Settings(public, allow_any, models, failed_ttl=args.failed_load_ttl, **limits)
 
 
 @dataclass(frozen=True)
@@ -153,13 +64,13 @@ class Loaded:
 class Models:
     """The loaded models by canonical key (LRU, bounded), the loads in flight and the recent failures."""
 
-    def __init__(self, device: torch.device, settings: Settings | None = None) -> None:
+    def __init__(self, device: torch.device, options: Options | None = None) -> None:
         self.device = device
-        self.settings = settings or Settings()
+        self.options = options or Options()
         try:
-            names = self.settings.models
-            listed = [operator_choice(m) for m in names] if names else default_choices(self.settings.public)
-            self.access = Access(listed, self.settings.allow_any, self.settings.public)
+            names = self.options.models
+            listed = [operator_choice(m) for m in names] if names else default_choices(self.options.public)
+            self.access = Access(listed, self.options.allow_any, self.options.public)
         except ModelError as e:
             raise SystemExit(f"--models: {e}") from None
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()  # least recently used first
@@ -229,19 +140,19 @@ class Models:
         return choice.value
 
     def _auto(self) -> Choice:
-        hub = operator_choice(AUTO.repo)
-        if constants.HF_HUB_OFFLINE:
+        b16 = operator_choice(AUTO.repo)
+        if hub.offline():
             reason = "the app is offline (HF_HUB_OFFLINE is set)"
-        elif not hub_answers(AUTO.repo):
+        elif not hub.answers(AUTO.repo):
             reason = "the Hub did not answer"
         else:
             try:
-                self._get_choice(hub, None)
+                self._get_choice(b16, None)
             except ModelError as e:
                 reason = str(e)
             else:
                 self._auto_note = "the paper's ViT-B/16 (ImageNet-1k) from the Hub"
-                return hub
+                return b16
         bundled = operator_choice(BUNDLED_LABEL)
         self._get_choice(bundled, None)
         self._auto_note = f"the bundled CIFAR-10 model, since the Hub's ViT-B/16 is unavailable: {reason}"
@@ -251,7 +162,7 @@ class Models:
         """The model ``choice`` names and its preprocessing. Not loaded yet: starts (or joins) its load and
         waits up to ``wait`` seconds (default: the request wait). Any refusal or failure is a ``gr.Error``
         with a short message for the person who asked."""
-        loaded = self._get(choice, self.settings.request_wait if wait is None else wait)
+        loaded = self._get(choice, self.options.request_wait if wait is None else wait)
         return loaded.model, loaded.transform
 
     def load(self, choice: str) -> tuple[vit_core.VisionTransformer, ImageTransform]:
@@ -305,7 +216,7 @@ class Models:
             else:
                 now = time.monotonic()
                 self._failed = {k: v for k, v in self._failed.items() if v[0] > now}  # forget expired ones
-                self._failed[choice.key] = (now + self.settings.failed_ttl, str(error), error.detail)
+                self._failed[choice.key] = (now + self.options.failed_ttl, str(error), error.detail)
         if error is not None or evicted:
             release_memory()
         if error is not None:
@@ -313,9 +224,9 @@ class Models:
         return loaded
 
     def _build(self, choice: Choice) -> Loaded:
-        if not choice.local and not constants.HF_HUB_OFFLINE and not hub_answers(choice.source):
+        if not choice.local and not hub.offline() and not hub.answers(choice.source):
             raise ModelError("the Hub did not answer; try again later")
-        footprint = sizing.check(choice, self.settings.max_model_mb * MB)
+        footprint = sizing.check(choice, self.options.max_model_mb * MB)
         with self._lock:
             evicted = self._evict(extra=footprint.bytes if footprint else 0)
         if evicted:
@@ -335,25 +246,12 @@ class Models:
         room = 1 if extra else 0
         for key in list(self._loaded):
             total = sum(x.nbytes for x in self._loaded.values()) + extra
-            if len(self._loaded) + room <= self.settings.max_loaded and total <= self.settings.max_loaded_mb * MB:
+            if len(self._loaded) + room <= self.options.max_loaded and total <= self.options.max_loaded_mb * MB:
                 break
             if key not in (self._pinned, keep):
                 log.info("evicting %s", self._loaded.pop(key).choice.label)
                 evicted += 1
         return evicted
-
-
-def hub_answers(source: str, timeout: float = 5.0) -> bool:
-    """Whether the Hub (``HF_ENDPOINT``) answers one request about the repo, within ``timeout`` seconds.
-    huggingface_hub retries an unreachable endpoint for about 30 s per file; this asks once."""
-    repo = "/".join(source.split("/")[:2])
-    try:
-        urllib.request.urlopen(f"{constants.ENDPOINT}/api/models/{repo}", timeout=timeout).close()
-    except urllib.error.HTTPError:
-        return True  # an answer, if not a yes: the load says what is wrong
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 def public_text(message: str, choice: Choice) -> str:

@@ -20,20 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import HfApi, constants, hf_hub_download, try_to_load_from_cache
-from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
-
-from vit_core import ViTConfig
+from vit_core import ViTConfig, hub
 from vit_core.checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, config_from_dict
 from vit_core.convert import npz_header, transformers_config
-from vit_core.model import activation_bytes, state_shapes
+from vit_core.cost import activation_bytes, state_shapes
+from vit_core.hub import CHECKPOINT_FILES, PICKLED_WEIGHTS_NAME
 
 from .access import Choice, ModelError
 
-PICKLED_WEIGHTS_NAME = "pytorch_model.bin"
 MAX_CONFIG_BYTES = 8 * 2**20  # ImageNet-21k configs with 21,843 labels are ~1.2 MB
 MB = 2**20
-_WEIGHT_FILES = (CONFIG_NAME, WEIGHTS_NAME, PICKLED_WEIGHTS_NAME)  # the files a checkpoint folder is read from
 
 
 @dataclass(frozen=True)
@@ -120,33 +116,26 @@ class Files:
 
 
 def files_of(choice: Choice) -> Files | None:
-    """The files of a local checkpoint, or of a Hub repo (its file listing; the local cache when offline).
-    None when the Hub says the repo or revision does not exist or is gated: the loader says which."""
+    """The files of a local checkpoint, or of a Hub repo (``vit_core.hub.file_sizes``: its file listing, or the
+    local cache when offline). None when the Hub says the repo or revision does not exist or is gated: the
+    loader says which."""
     if choice.local:
         source = Path(choice.source)
         if source.is_file():
             return Files({source.name: source.stat().st_size}, lambda name: source)
         if not source.is_dir():
             return None  # gone since it was chosen: the loader says so
-        found = [p for p in source.iterdir() if p.name in _WEIGHT_FILES or p.suffix == ".npz"]
+        found = [p for p in source.iterdir() if p.name in CHECKPOINT_FILES or p.suffix == ".npz"]
         return Files({p.name: p.stat().st_size for p in found if p.is_file()}, lambda name: source / name)
     owner, name, *rest = choice.source.split("/", 2)
-    repo, filename = f"{owner}/{name}", rest[0] if rest else ""
-    if constants.HF_HUB_OFFLINE:
-        names = [filename] if filename else _WEIGHT_FILES
-        cached = {n: try_to_load_from_cache(repo, n, revision=choice.revision) for n in names}
-        paths = {n: Path(p) for n, p in cached.items() if isinstance(p, str)}
-        return Files({n: p.stat().st_size for n, p in paths.items()}, paths.__getitem__)
+    repo, filename = f"{owner}/{name}", rest[0] if rest else None
     try:
-        listing = HfApi().list_repo_tree(repo, revision=choice.revision, recursive=bool(filename))
-        sizes = {e.path: e.size for e in listing if getattr(e, "size", None) is not None}
-    except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError):
-        return None
-    except Exception:  # network or server trouble: nothing is loaded unchecked
+        sizes = hub.file_sizes(repo, choice.revision, filename)
+    except hub.HubError:  # network or server trouble: nothing is loaded unchecked
         raise ModelError("the Hub did not answer with the repo's file list; try again later") from None
-    if filename:
-        sizes = {filename: sizes[filename]} if filename in sizes else {}
-    return Files(sizes, lambda name: Path(hf_hub_download(repo, name, revision=choice.revision)))
+    if sizes is None:
+        return None
+    return Files(sizes, lambda name: hub.download(repo, name, choice.revision))
 
 
 def check(choice: Choice, limit: int) -> Footprint | None:

@@ -1,0 +1,139 @@
+"""The table of explanation methods (``vit_core.methods``) is the only list of them: every method in it is
+reachable from the Classify tab and its API, from Compare, from Batch (the batchable ones) and from the
+benchmark, each drawing the table function's own map; and a method added as one entry of the table (here
+one the app has never seen, shaped like a relevance-propagation method: per class, batchable, one forward
+and backward pass) is reachable from all of them with no other change."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import gradio as gr
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+import app
+import vit_core
+from bench import explain_sanity
+from vit_core import explain, methods
+from vit_core.data import build_transform
+from webapp import analysis, comparison
+from webapp.models import Models
+from webapp.options import Options
+from webapp.settings import parse_settings
+from webapp.ui import batch, classify, compare
+from webapp.ui.context import Context
+
+CPU = torch.device("cpu")
+NAMES = ("plane", "car", "bird", "cat", "deer")
+
+
+def brightness(
+    model: torch.nn.Module, images: torch.Tensor, target: int | None = None, return_logits: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Each token's mean input value, shifted to minimum 0: no explanation, only a map no code knows about,
+    with a method function's signature (``target=``, ``return_logits=``) and its checks."""
+    with torch.no_grad():
+        logits = model(images)
+    explain.target_classes(target, logits)
+    maps = F.adaptive_avg_pool2d(images.mean(1, keepdim=True), explain.token_grid(model, images))[:, 0]
+    maps = maps - maps.amin(dim=(1, 2), keepdim=True)
+    return (logits, maps) if return_logits else maps
+
+
+NEW = methods.Method(
+    "brightness", "Brightness (test)", brightness, per_class=True, batchable=True, cost=methods.Cost(backward=1)
+)
+
+
+@pytest.fixture
+def ctx(tmp_path, monkeypatch) -> Context:
+    """The app's context on a tiny model, with ``NEW`` added to the table as one more entry."""
+    monkeypatch.setattr(methods, "METHODS", (*methods.METHODS, NEW))
+    torch.manual_seed(0)
+    cfg = vit_core.ViTConfig(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, label_names=NAMES
+    )
+    vit_core.save_pretrained(vit_core.create_model(cfg), tmp_path / "tiny")
+    models = Models(CPU, Options(models=(str(tmp_path / "tiny"),)))
+    models.set_default(str(tmp_path / "tiny"))
+    return Context(models)
+
+
+@pytest.fixture
+def photo(tmp_path) -> str:
+    torch.manual_seed(1)
+    path = tmp_path / "photo.png"
+    Image.fromarray((torch.rand(40, 60, 3) * 255).to(torch.uint8).numpy()).save(path)
+    return str(path)
+
+
+def test_every_method_of_the_table_is_offered_by_the_classify_and_batch_tabs_and_their_api(ctx):
+    api = app.build_ui(ctx).get_api_info()["named_endpoints"]
+
+    def choices(endpoint: str) -> list[str]:  # the Explanation radio of that tab, as the API takes it
+        (method,) = [p for p in api[endpoint]["parameters"] if p["parameter_name"] == "method"]
+        return method["type"]["enum"]
+
+    assert choices("/classify") == [m.title for m in methods.METHODS] and NEW.title in choices("/classify")
+    assert choices("/batch") == [m.title for m in methods.METHODS if m.batchable] and NEW.title in choices("/batch")
+
+
+def test_classify_draws_each_methods_own_map(ctx, photo):
+    choice = ctx.models.default
+    a = ctx.analysis(photo, choice)
+    for m in methods.METHODS:
+        target = "cat" if m.per_class else "(predicted class)"
+        labels, overlay, _, _, explains = classify.classify(ctx, photo, choice, m.title, target)
+        assert set(labels) <= set(NAMES) and overlay.width == 60
+        assert explains.startswith("Map explains: cat (") if m.per_class else "the prediction" in explains
+        s = parse_settings(a.model, m.title, target)
+        want = m.fn(a.model, a.x, **s.options(), **({"target": 3} if m.per_class else {}))[0]
+        torch.testing.assert_close(analysis.relevance(a, s, CPU), want)
+
+
+def test_compare_scores_every_method_then_the_baseline(ctx, photo):
+    gallery, table, _ = compare.compare(ctx, photo, ctx.models.default, progress=lambda *a, **k: None)
+    assert [row[0] for row in table] == [*(m.title for m in methods.METHODS), comparison.CENTRE]
+    assert len(gallery) == len(table)
+
+
+def test_batch_maps_with_each_batchable_method_and_refuses_the_others(ctx, photo):
+    for m in methods.METHODS:
+        if m.batchable:
+            gallery, _, note = batch.batch(ctx, [photo, photo], ctx.models.default, m.title)
+            assert len(gallery) == 2 and note == "2 image(s) classified"
+        else:
+            with pytest.raises(gr.Error, match=re.escape(f"{m.title} is on the Classify tab")):
+                batch.batch(ctx, [photo], ctx.models.default, m.title)
+
+
+def test_the_benchmark_scores_every_method_by_its_key(ctx, photo):
+    model, _ = ctx.models.get(ctx.models.default)
+    x = build_transform(model.pretrained_cfg)(Image.open(photo))[None].repeat(3, 1, 1, 1)
+    keys = [m.key for m in methods.METHODS]
+    assert list(explain_sanity.names())[: len(keys)] == keys
+    for m in methods.METHODS:
+        torch.testing.assert_close(explain_sanity.parse_method(m.key, 0)(model, x), m.fn(model, x))
+    rows = explain_sanity.score(model, x, keys, baselines=("mean",), steps=2, batch_size=8)["results"]
+    assert [r["method"] for r in rows] == [*keys, "centre"]
+    assert all(0 <= r["deletion"]["mean"] <= 1 and 0 <= r["insertion"]["mean"] <= 1 for r in rows)
+
+
+def test_a_methods_cost_decides_where_it_runs(ctx, monkeypatch):
+    """One forward and backward pass per class (gradient rollout, the new method) runs whatever the model;
+    many forward passes (RISE) only within the budget, and the refusal names the methods that run."""
+    from webapp import settings
+
+    model, _ = ctx.models.get(ctx.models.default)
+    monkeypatch.setitem(settings.MAP_BUDGET, "cpu", 1.0)
+    runs = [m for m in methods.METHODS if settings.affordable(m, model, CPU)]
+    assert runs == [m for m in methods.METHODS if m.cost.forward == 0] and NEW in runs
+    assert settings.default_method(model, CPU) is methods.GRADIENT
+    message = settings.refusal(methods.RISE, model, CPU)
+    assert message.startswith(f"RISE needs {explain.RISE_MASKS} forward passes")
+    assert message.endswith(f"choose Gradient rollout, Attention rollout, Raw attention or {NEW.title}")
+    assert not settings.affordable(dataclasses.replace(NEW, cost=methods.Cost(forward=2)), model, CPU)

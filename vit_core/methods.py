@@ -1,0 +1,109 @@
+"""The explanation methods, one entry each: the table that the app, its API and the benchmarks read.
+
+The app offers every method here in its Classify and Compare tabs and its API, the ``batchable`` ones in its
+Batch tab (``webapp``); ``bench/explain_sanity.py`` scores each by its ``key``. Adding a method is one entry
+below plus its function, which takes ``(model, images, **options)`` and returns (B, h, w) maps, as
+``vit_core.explain``'s do: with ``target=`` (a class index, one per image, or None for each image's
+prediction) when ``per_class``; with ``return_logits=True`` (then it returns the logits of its own forward
+pass and the maps) when ``batchable``; with ``progress=`` (called with the work done and the total) when
+``progress`` says what it counts.
+
+What a map costs (``Cost``) decides where it runs. A map made from one forward and backward pass (gradient
+rollout) costs about what a prediction does, which the limits on loading a model already bound; a map that
+runs the model again and again (RISE: one forward pass per masked image) is held to a server's budget
+(``webapp.settings.MAP_BUDGET``).
+
+What a caller that keeps one image's forward pass (the app's ``webapp.analysis.Analysis``) keeps for a
+method: the attentions, when it has ``from_attentions`` (the map is drawn again from them for each request,
+without running the model); otherwise the map itself, one per class when ``per_class``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from . import explain
+from .config import ViTConfig
+from .cost import forward_flops
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one map of one image costs, for one class when the map is per class, beyond the forward pass
+    that makes the prediction."""
+
+    forward: int = 0  # forward passes of the model on other inputs (RISE: one per masked image)
+    backward: int = 0  # backward passes, each with the forward pass it differentiates
+
+    def flops(self, cfg: ViTConfig) -> int:
+        """Floating-point operations at ``cfg``'s input size; a backward pass with its forward pass counts as
+        three forward passes (the gradients of the activations and of the weights)."""
+        return (self.forward + 3 * self.backward) * forward_flops(cfg)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One explanation method: what it is called, the function that computes it, and what it costs."""
+
+    key: str  # its name in code and on the command line (bench/explain_sanity.py --methods)
+    title: str  # its name in the app and the app's API
+    fn: Callable[..., torch.Tensor]  # (model, images, **options) -> (B, h, w) maps: see the module docstring
+    per_class: bool  # the map explains one class (fn takes target=); else it is the same for every class
+    batchable: bool  # batched, a few passes per image, and fn takes return_logits=True: the Batch tab offers it
+    cost: Cost
+    options: tuple[str, ...] = ()  # fn's keywords that the app's settings give: layer, head, head_fusion, ...
+    # fn on attentions already computed, (model, attentions, grid, **options) -> maps: no model pass at all
+    from_attentions: Callable[..., torch.Tensor] | None = None
+    progress: str | None = None  # what fn's progress= counts ("masked images"); None: fn takes no progress=
+
+    @property
+    def name(self) -> str:
+        """The title without its parenthesis, for sentences and captions: "RISE", "Gradient rollout"."""
+        return self.title.split(" (")[0]
+
+
+RISE = Method(
+    "rise",
+    "RISE (random masks)",
+    explain.rise,
+    per_class=True,
+    batchable=False,
+    cost=Cost(forward=explain.RISE_MASKS),
+    progress="masked images",
+)
+ROLLOUT = Method(
+    "rollout",
+    "Attention rollout",
+    explain.attention_rollout,
+    per_class=False,
+    batchable=True,
+    cost=Cost(),
+    options=("head_fusion", "discard_ratio"),
+    from_attentions=explain.attention_rollout_from,
+)
+GRADIENT = Method(
+    "gradient", "Gradient rollout", explain.gradient_rollout, per_class=True, batchable=True, cost=Cost(backward=1)
+)
+RAW = Method(
+    "attention",
+    "Raw attention",
+    explain.attention_maps,
+    per_class=False,
+    batchable=True,
+    cost=Cost(),
+    options=("layer", "head"),
+    from_attentions=explain.attention_maps_from,
+)
+
+METHODS = (RISE, ROLLOUT, GRADIENT, RAW)  # in the order the app lists them
+
+
+def by_title(title: str) -> Method:
+    """The method the app and its API call ``title``; ``ValueError`` naming the choices otherwise."""
+    for m in METHODS:
+        if m.title == title:
+            return m
+    raise ValueError(f"method must be one of {', '.join(m.title for m in METHODS)}, got {title!r}")

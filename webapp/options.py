@@ -1,0 +1,104 @@
+"""The app's command-line options about models: the startup model, what web users may choose, the memory limits.
+
+``add_arguments`` adds them to the app's parser; ``configure`` turns the parsed values into ``Options``, which
+``webapp.models.Models`` follows, and sets up the server's log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .errors import log
+
+AUTO_MODEL = "auto"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the operator allows. The defaults are local use: any model by name, generous limits."""
+
+    public: bool = False  # only listed models; local folders only under models/ and runs/
+    allow_any: bool = True  # web users may type any folder or Hub repo id
+    models: tuple[str, ...] | None = None  # the picker's list; None: bundled + curated (+ runs/ if not public)
+    max_loaded: int = 4
+    max_loaded_mb: int = 3000
+    max_model_mb: int = 2000  # ViT-L/16 needs ~1650 (weights + one explanation's activations)
+    failed_ttl: float = 600.0
+    request_wait: float = 1.0  # seconds a request waits for a load before answering "still loading"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The app's model options: the startup model, what web users may choose, and the memory limits."""
+    d = Options()
+    g = parser.add_argument_group("models")
+    g.add_argument(
+        "--model",
+        default=AUTO_MODEL,
+        help="startup model: 'auto' (default: the paper's ViT-B/16 from the Hub when it answers, else the bundled "
+        "CIFAR-10 model), 'bundled', a run or checkpoint folder, or a Hub repo id",
+    )
+    g.add_argument(
+        "--public",
+        action="store_true",
+        help="serve only the listed models, local ones only from models/ and runs/ (always on a Space)",
+    )
+    listed = g.add_mutually_exclusive_group()
+    listed.add_argument(
+        "--models",
+        help="comma-separated models web users may choose (default: the bundled model and the curated ImageNet "
+        "checkpoints, plus the run folders when not public)",
+    )
+    listed.add_argument("--models-file", type=Path, help="the same as a JSON or YAML list in a file")
+    g.add_argument(
+        "--allow-any-model",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let web users type any folder or Hub repo id (default: only when served on 127.0.0.1/localhost, "
+        "without --share, not public)",
+    )
+    g.add_argument("--max-loaded", type=int, default=d.max_loaded, help="models kept loaded at once")
+    g.add_argument("--max-loaded-mb", type=int, default=d.max_loaded_mb, help="MB of weights kept loaded")
+    g.add_argument(
+        "--max-model-mb",
+        type=int,
+        default=d.max_model_mb,
+        help="largest model attempted: MB of weights plus one explanation's activations",
+    )
+    g.add_argument("--failed-load-ttl", type=float, default=d.failed_ttl, help="seconds a failed load is remembered")
+
+
+def configure(args: argparse.Namespace) -> Options:
+    """Options from the parsed command line (and ``SPACE_ID``: a Space is public); sets up the log."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    public = bool(args.public or os.environ.get("SPACE_ID"))
+    host = getattr(args, "host", None) or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
+    local = host in ("127.0.0.1", "localhost", "::1") and not getattr(args, "share", False)
+    if public and args.allow_any_model:
+        raise SystemExit("--allow-any-model: public mode serves only the listed models")
+    allow_any = (local and not public) if args.allow_any_model is None else args.allow_any_model
+    models = None
+    if args.models is not None:
+        models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    elif args.models_file is not None:
+        try:
+            models = yaml.safe_load(args.models_file.read_text())  # YAML reads JSON lists too
+        except (OSError, yaml.YAMLError) as e:
+            raise SystemExit(f"--models-file {args.models_file}: {e}") from None
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            raise SystemExit(f"--models-file {args.models_file}: expected a list of model names")
+        models = tuple(models)
+    if models == ():
+        raise SystemExit("--models: the list is empty")
+    limits = {"max_loaded": args.max_loaded, "max_loaded_mb": args.max_loaded_mb, "max_model_mb": args.max_model_mb}
+    if min(limits.values()) < 1:
+        raise SystemExit(f"--max-loaded, --max-loaded-mb and --max-model-mb must be >= 1, got {limits}")
+    return Options(public, allow_any, models, failed_ttl=args.failed_load_ttl, **limits)

@@ -1,0 +1,150 @@
+"""What a request asks a map to be drawn with, checked against the model, and which methods this server runs.
+
+Requests are untrusted: ``parse_settings`` turns a request's raw values into ``Settings`` or a ``ValueError``
+that names the bad value and the valid range. The methods are ``vit_core.methods``'s table; this server runs
+a method's map when its forward passes fit ``MAP_BUDGET`` (``affordable``), and picks the default method
+from ``DEFAULT_METHODS`` by the same rule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vit_core import VisionTransformer, explain, methods
+from vit_core.methods import Method
+
+# What the forward passes of one map may cost (RISE: explain.RISE_MASKS of them), in FLOPs: 1.5 s measured on a
+# 2-core CPU (the bundled model: 500 x 0.26 GFLOP); on a GPU, ViT-L/16 at 384 px fits.
+MAP_BUDGET = {"cpu": 2e11, "cuda": 2e14}
+# The default map, the first of these the budget allows: RISE beats the centre-Gaussian baseline by the most on the
+# bundled model (bench/results/explain_cifar10_hybrid_pool.md); gradient rollout, one backward pass, by less.
+DEFAULT_METHODS = ("rise", "gradient")
+PREDICTED = "(predicted class)"
+
+
+def affordable(method: Method, model: VisionTransformer, device: torch.device) -> bool:
+    """Whether this server draws ``method``'s maps for ``model``: a map that runs the model once (with a
+    backward pass at most) always, as the limits on loading bound what that costs; one that runs it more
+    (RISE) when its FLOPs fit ``MAP_BUDGET`` on ``device``."""
+    budget = MAP_BUDGET.get(device.type, MAP_BUDGET["cpu"])
+    return method.cost.forward == 0 or method.cost.flops(model.config) <= budget
+
+
+def default_method(model: VisionTransformer, device: torch.device) -> Method:
+    """The first of ``DEFAULT_METHODS`` that ``affordable`` allows for ``model``."""
+    preferred = [m for key in DEFAULT_METHODS for m in methods.METHODS if m.key == key]
+    return next(m for m in preferred if affordable(m, model, device))
+
+
+def refusal(method: Method, model: VisionTransformer, device: torch.device) -> str:
+    """Why ``method`` is not run for ``model`` here, and what to choose instead (the default first)."""
+    default = default_method(model, device)
+    ordered = sorted(methods.METHODS, key=lambda m: m is not default)
+    others = [m.title for m in ordered if m is not method and affordable(m, model, device)]
+    choices = others[0] if len(others) == 1 else f"{', '.join(others[:-1])} or {others[-1]}"
+    gflop = method.cost.flops(model.config) / 1e9
+    return (
+        f"{method.name} needs {method.cost.forward} forward passes of this model ({gflop:,.0f} GFLOP), more than "
+        f"this server allows on its {device.type.upper()}; choose {choices}"
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a map is drawn with, checked against the model."""
+
+    method: Method = methods.METHODS[0]
+    target: int | None = None  # class index; None: the predicted class
+    layer: int = -1  # raw attention's block, negative from the end
+    head: int | None = None  # None: mean over heads
+    head_fusion: str = "mean"
+    discard_ratio: float = 0.0
+    opacity: float = 0.5
+
+    def options(self) -> dict[str, object]:
+        """The keywords of the method's function that these settings give (``Method.options``)."""
+        return {name: getattr(self, name) for name in self.method.options}
+
+
+def _integer(value: object, what: str) -> int:
+    try:
+        f = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a whole number, got {value!r}") from None
+    if not math.isfinite(f) or f != int(f):
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    return int(f)
+
+
+def check_layer(model: VisionTransformer, layer: object) -> int:
+    depth = model.config.depth
+    i = _integer(layer, "layer")
+    if not -depth <= i < depth:
+        raise ValueError(f"layer must be in {-depth}..{depth - 1} for this {depth}-layer model, got {layer!r}")
+    return i % depth
+
+
+def check_head(model: VisionTransformer, head: object) -> int | None:
+    if head in (None, "", "mean"):
+        return None
+    heads = model.config.num_heads
+    i = _integer(head, "head")
+    if not 0 <= i < heads:
+        raise ValueError(f"head must be 'mean' or 0..{heads - 1}, got {head!r}")
+    return i
+
+
+def check_target(model: VisionTransformer, target: object) -> int | None:
+    if target in (None, "", PREDICTED):
+        return None
+    names = model.class_names
+    if target not in names:
+        raise ValueError(f"{target!r} is not a class of this model; choose one of {', '.join(names[:20])}...")
+    return names.index(target)  # type: ignore[arg-type]
+
+
+def check_top_k(top_k: object, num_classes: int) -> int:
+    """How many classes to list: at least 1, at most the model's classes."""
+    k = _integer(top_k, "top-k")
+    if k < 1:
+        raise ValueError(f"top-k must be at least 1, got {top_k!r}")
+    return min(k, num_classes)
+
+
+def _unit(value: object, what: str, hi: float) -> float:
+    try:
+        f = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number, got {value!r}") from None
+    if not 0.0 <= f <= hi:
+        raise ValueError(f"{what} must be in [0, {hi}], got {value!r}")
+    return f
+
+
+def parse_settings(
+    model: VisionTransformer,
+    method: str | None = None,
+    target: str | None = PREDICTED,
+    layer: object = -1,
+    head: object = "mean",
+    head_fusion: str = "mean",
+    discard_ratio: object = 0.0,
+    opacity: object = 0.5,
+) -> Settings:
+    """Settings from a request's raw values (``method``: a title from the table; None: the first method);
+    ``ValueError`` naming the bad one and the valid range."""
+    chosen = methods.METHODS[0] if method is None else methods.by_title(method)
+    if head_fusion not in explain.HEAD_FUSIONS:
+        raise ValueError(f"head fusion must be one of {', '.join(explain.HEAD_FUSIONS)}, got {head_fusion!r}")
+    return Settings(
+        method=chosen,
+        target=check_target(model, target),
+        layer=check_layer(model, layer),
+        head=check_head(model, head),
+        head_fusion=head_fusion,
+        discard_ratio=_unit(discard_ratio, "discard ratio", 0.99),
+        opacity=_unit(opacity, "opacity", 1.0),
+    )

@@ -1,0 +1,85 @@
+"""The Compare methods tab: every method's map for the same image and class, each with its deletion and
+insertion AUC on that image, beside the centre-Gaussian baseline (``webapp.comparison``); ``/compare``."""
+
+from __future__ import annotations
+
+import gradio as gr
+from PIL import Image
+
+from .. import explorer, render
+from ..analysis import explained_class
+from ..catalog import BUNDLED_LABEL
+from ..comparison import compare as score_methods
+from ..errors import user_errors
+from ..settings import PREDICTED, parse_settings
+from .classify import ClassifyTab
+from .context import Context
+from .picker import Picker
+
+
+@user_errors
+def compare(
+    ctx: Context,
+    image: str | None,
+    model_choice: str = BUNDLED_LABEL,
+    target: str = PREDICTED,
+    layer: int = -1,
+    head: str = "mean",
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    opacity: float = 0.5,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's idiom)
+) -> tuple[list[tuple[Image.Image, str]], list[list], str]:
+    """RISE (where it fits the server's budget), attention rollout, gradient rollout, raw attention and a
+    centre-Gaussian baseline for the same image and class, each with its deletion AUC (lower is better) and
+    insertion AUC (higher is better)."""
+    a = ctx.analysis(image, model_choice)
+    s = parse_settings(a.model, None, target, layer, head, head_fusion, discard_ratio, opacity)
+    scored = score_methods(a, s, ctx.device, lambda f, desc: progress(f, desc=desc))
+    gallery, table = [], []
+    for name, heat, deletion, insertion in scored:
+        scores = f"deletion {deletion:.3f}, insertion {insertion:.3f}"
+        img = render.titled(
+            render.map_on_crop(a.shown, a.box, heat, s.opacity, explorer.SIDE, "relevance"),
+            [name.split(" (")[0], scores],
+        )
+        gallery.append((render.unique(img, name), f"{name}: {scores}"))
+        table.append([name, round(deletion, 4), round(insertion, 4)])
+    target_name = a.names[explained_class(a, s)]
+    head = "mean of heads" if s.head is None else f"head {s.head}"
+    return gallery, table, f"Maps and scores for class {target_name}; raw attention: layer {s.layer}, {head}."
+
+
+def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
+    """The button, the scores table and the maps. The image, class, layer, head and opacity are the Classify
+    tab's."""
+    gr.Markdown(
+        "Every map for the same image and class, each scored on this image: **deletion AUC** (pixels "
+        "removed most relevant first; lower is better) and **insertion AUC** (revealed most relevant "
+        "first; higher is better). The centre Gaussian ignores the image: a map that does no better "
+        "says little about this image. Uses the class, layer and head of the Classify tab's settings."
+    )
+    button = gr.Button("Compare methods", variant="primary")
+    text = gr.Textbox(label="What is compared", interactive=False, elem_id="compare-text")
+    table = gr.Dataframe(
+        headers=["method", "deletion AUC (lower is better)", "insertion AUC (higher is better)"],
+        label="Faithfulness on this image",
+        interactive=False,
+        wrap=True,
+        elem_id="compare-table",
+    )
+    gallery = gr.Gallery(
+        label="Maps (coloured: the region the model saw)",
+        columns=4,
+        height="auto",
+        object_fit="contain",
+        elem_id="compare-gallery",
+        elem_classes="phone-2-columns",
+    )
+    c = classify
+    button.click(
+        ctx.handler(compare),
+        [c.image, picker.choice, c.target, c.layer, c.head, c.head_fusion, c.discard, c.opacity],
+        [gallery, table, text],
+        api_name="compare",
+    )

@@ -1,0 +1,39 @@
+"""The Inspect tab: the paper's figure 7 for the loaded model (filters, position-embedding similarity, mean
+attention distance over the example photos) and a summary of what it is (``webapp.model_info``); ``/inspect``."""
+
+from __future__ import annotations
+
+import gradio as gr
+import torch
+from PIL import Image
+
+from vit_core.data import load_image
+
+from .. import model_info
+from ..catalog import BUNDLED_LABEL
+from ..errors import user_errors
+from .context import EXAMPLES, Context
+from .picker import Picker
+
+
+@user_errors
+def inspect(ctx: Context, model_choice: str = BUNDLED_LABEL) -> tuple[Image.Image, Image.Image, Image.Image, str]:
+    """The paper's figure 7 for the loaded model (filters, position-embedding similarity, mean attention
+    distance over the example images) and a summary of what it is."""
+    model, transform = ctx.models.get(model_choice)
+    images = torch.stack([transform(load_image(p)) for p in EXAMPLES])
+    figs = model_info.inspect_figures(model, images, ctx.device)
+    return *figs, model_info.summary(model, ctx.models.folder_of(model_choice))
+
+
+def build(ctx: Context, picker: Picker) -> None:
+    """The button, the three figures and the summary."""
+    gr.Markdown("The paper's figure 7 for this model, and what it is.")
+    button = gr.Button("Analyse model")
+    with gr.Row():
+        # labels name the API outputs; each figure has its own title
+        filters = gr.Image(label="Embedding filters", show_label=False, elem_id="fig-filters")
+        similarity = gr.Image(label="Position embedding similarity", show_label=False, elem_id="fig-similarity")
+        distance = gr.Image(label="Mean attention distance", show_label=False, elem_id="fig-distance")
+    summary = gr.Markdown(label="Model summary", elem_id="summary")
+    button.click(ctx.handler(inspect), picker.choice, [filters, similarity, distance, summary], api_name="inspect")

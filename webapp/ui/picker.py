@@ -1,0 +1,80 @@
+"""The model picker above the tabs: the choice, a status line, the model's facts, and fitting every tab's
+controls (classes, layers, heads, the default method) to the model that loads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import gradio as gr
+import torch
+
+from vit_core import VisionTransformer
+
+from .. import model_info
+from .context import Context
+
+
+class Fitted(Protocol):
+    """A tab whose controls follow the loaded model: ``fit`` gives their updates, in ``fitted``'s order."""
+
+    fitted: list[gr.components.Component]
+
+    def fit(self, model: VisionTransformer, device: torch.device) -> list: ...
+
+
+@dataclass
+class Picker:
+    choice: gr.Dropdown  # the bundled model, a run folder, or a Hub repo id
+    status: gr.Markdown  # which model is loaded, or why the chosen one did not load
+    active: gr.State  # the model in use: a failed load goes back to it
+    facts: gr.Markdown  # its classes and input
+    model: VisionTransformer  # the startup model, which the tabs' controls start from
+
+
+def build(ctx: Context) -> Picker:
+    """The picker's row, starting on the startup model."""
+    default = ctx.models.default
+    model, _ = ctx.models.get(default)
+    with gr.Row():
+        choice = gr.Dropdown(
+            ctx.models.choices(),
+            value=default,
+            allow_custom_value=ctx.models.allow_custom_value,
+            scale=3,
+            min_width=320,
+            label="Model: the bundled one, a run folder, or a Hub repo id (ours, timm or transformers)",
+        )
+        status = gr.Markdown(elem_id="status", min_width=300)  # min widths: a row of its own on phones
+    active = gr.State(default)
+    facts = gr.Markdown(model_info.facts(model), elem_id="facts")
+    return Picker(choice, status, active, facts, model)
+
+
+def connect(ctx: Context, picker: Picker, demo: gr.Blocks, tabs: Sequence[Fitted]) -> None:
+    """Load the chosen model (with a progress indicator) and fit the tabs' controls to it, on a change of the
+    picker and when the page opens. A model that fails to load leaves the previous one active: the status line
+    says why, and the picker goes back to it."""
+    fitted = [c for tab in tabs for c in tab.fitted]
+
+    def updates(choice: str) -> tuple:
+        model, _ = ctx.models.load(choice)
+        cfg = model.config
+        size = f"{model_info.format_count(model.num_params())} parameters, {cfg.num_classes} classes"
+        status = f"Loaded **{choice}** ({cfg.name + ', ' if cfg.name else ''}{size}).{ctx.models.note(choice)}"
+        return (status, model_info.facts(model), *(u for tab in tabs for u in tab.fit(model, ctx.device)), choice)
+
+    def on_change(choice: str, active: str, progress: gr.Progress = gr.Progress()):  # noqa: B008 (Gradio's idiom)
+        if choice == active:
+            return gr.skip()  # the picker was set back after a failed load, or nothing changed
+        progress(0.1, desc=f"Loading {choice}")
+        try:
+            return (*updates(choice), gr.skip())
+        except gr.Error as e:
+            status = f"⚠️ {e.message} Still using **{active}**."
+            return (status, *[gr.skip()] * (len(fitted) + 2), gr.Dropdown(value=active))
+
+    outputs = [picker.status, picker.facts, *fitted, picker.active]
+    picker.choice.change(on_change, [picker.choice, picker.active], [*outputs, picker.choice], api_visibility="private")
+    demo.load(updates, picker.choice, outputs, api_visibility="private")
