@@ -47,15 +47,22 @@ def load_recipe(name_or_path: str) -> dict[str, Any]:
 
 
 def apply_overrides(recipe: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
-    """``key=value`` assignments on a recipe dict. Values are Python literals (``3e-4``, ``true``/``True``,
-    ``[0, 5000]``, ``None``) or else plain strings; ``a.b=v`` sets key ``b`` of the dict-valued field ``a``
-    (``augment.re_prob=0.25``, ``model_args.depth=6``). Unknown keys are caught by ``Recipe.from_dict``."""
+    """``key=value`` assignments (``--set``) on a recipe dict, in order. Values are Python literals (``3e-4``,
+    ``true``/``True``, ``[0, 5000]``, ``None``) or else plain strings; keys as in ``override``."""
     recipe = copy.deepcopy(recipe)
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         if not sep or not key:
             raise RecipeError(f"--set expects key=value, got {assignment!r}")
-        value = _parse_value(text)
+        recipe = override(recipe, {key: _parse_value(text)})
+    return recipe
+
+
+def override(recipe: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``recipe`` with ``values`` set: ``a.b`` sets key ``b`` of the dict-valued field ``a``
+    (``augment.re_prob``, ``model_args.depth``). Unknown keys are caught by ``Recipe.from_dict``."""
+    recipe = copy.deepcopy(recipe)
+    for key, value in values.items():
         if "." in key:
             outer, inner = key.split(".", 1)
             if outer not in ("model_args", "augment"):

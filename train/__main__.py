@@ -4,7 +4,7 @@
     python -m train --recipe cifar10_vit --epochs 5 --seed 0 --out runs/c10
     python -m train --resume --out runs/c10                       # continue a stopped run
     python -m train --recipe mnist_tiny --out runs/m --overwrite  # start over in a folder that holds a run
-    python -m train --recipe cifar10_finetune --init timm:vit_tiny_patch16_224 --img-size 224
+    python -m train --recipe cifar10_vit_cpu --init timm:vit_tiny_patch16_224 --img-size 224
     torchrun --nproc_per_node 4 -m train --recipe cifar10_vit     # data-parallel, same recipe
     python -m train eval --model runs/c10 --data cifar10
     python -m train eval --model runs/c10 --data cifar10 --tta flip   # average with the mirrored image
@@ -29,7 +29,7 @@ from vit_core.evaluation import TTA_MODES, evaluate_checkpoint, format_confusion
 from vit_core.recipe import Recipe, RecipeError
 from vit_core.run_folder import CHECKPOINT_NAME, RECIPE_NAME, DiskFullError
 
-from . import apply_overrides, fit_warmup, list_recipes, load_recipe
+from . import apply_overrides, fit_warmup, list_recipes, load_recipe, override
 
 USER_ERRORS = (
     RecipeError,
@@ -105,8 +105,7 @@ def eval_parser() -> argparse.ArgumentParser:
 
 def run_train(argv: list[str]) -> None:
     args = train_parser().parse_args(argv)
-    sets = list(args.set)
-    options = {
+    options = {  # typed by argparse: applied as they are, after --set
         "data": args.data,
         "epochs": args.epochs,
         "batch_size": args.batch_size,
@@ -118,12 +117,9 @@ def run_train(argv: list[str]) -> None:
         "train_subset": args.subset,
         "eval_subset": args.eval_subset,
         "workers": args.workers,
+        "model_args.img_size": args.img_size,
     }
-    for key, value in options.items():
-        if value is not None:
-            sets.append(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}")
-    if args.img_size is not None:
-        sets.append(f"model_args.img_size={args.img_size}")
+    options = {key: value for key, value in options.items() if value is not None}
     if args.out is None:
         if args.recipe is None:
             raise RecipeError("give --recipe NAME (python -m train list) or, with --resume, the run's --out")
@@ -138,7 +134,7 @@ def run_train(argv: list[str]) -> None:
     if args.init is not None and base.get("init") is None:
         # a from-scratch recipe fine-tuned from --init: the checkpoint defines the architecture
         base = base | {"model": None, "model_args": {}}
-    recipe, note = fit_warmup(base, sets, apply_overrides(base, sets))
+    recipe, note = fit_warmup(base, args.set, override(apply_overrides(base, args.set), options))
     if note and not args.resume:
         print(note, file=sys.stderr)
     recipe = Recipe.from_dict(recipe)

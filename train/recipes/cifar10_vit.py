@@ -4,35 +4,25 @@ The setting of Lee et al. 2021 ("Vision Transformer for Small-Size Datasets"), w
 in 100 epochs; omihub777/ViT-CIFAR reaches 90.9% in 200. A ViT without the inductive biases of a CNN needs
 strong regularisation on 50,000 images (the paper's section 4.2 point): RandAugment, Mixup/CutMix, label
 smoothing, random erasing, stochastic depth, and a long schedule (300 epochs) with warmup and cosine decay.
-Meant for one GPU (bf16 autocast); the same command runs data-parallel under torchrun.
+Meant for one GPU (bf16 autocast); the same command runs data-parallel under torchrun. The input is
+cifar10_vit_cpu's.
 """
 
-recipe = dict(
-    model_args=dict(
-        img_size=32,
-        patch_size=4,
-        embed_dim=192,
-        depth=9,
-        num_heads=12,
-        mlp_ratio=2.0,
-        drop_path_rate=0.1,
-        mean=(0.4914, 0.4822, 0.4465),
-        std=(0.2470, 0.2435, 0.2616),
-        crop_pct=1.0,
-        interpolation="bicubic",
-    ),
-    data="cifar10",
-    augment=dict(crop="pad", padding=4, hflip=True, rand_augment="rand-m9-mstd0.5-inc1", re_prob=0.25),
+from train import load_recipe
+
+cpu = load_recipe("cifar10_vit_cpu")
+# cifar10_vit_cpu's input and patches; a wider, deeper ViT that reads its class token
+inputs = ("img_size", "patch_size", "mlp_ratio", "mean", "std", "crop_pct", "interpolation")
+
+recipe = cpu | dict(
+    model_args={k: cpu["model_args"][k] for k in inputs}
+    | dict(embed_dim=192, depth=9, num_heads=12, drop_path_rate=0.1),
+    augment=cpu["augment"] | dict(rand_augment="rand-m9-mstd0.5-inc1", re_prob=0.25),
     mixup=0.8,
     cutmix=1.0,
-    label_smoothing=0.1,
     epochs=300,
-    batch_size=128,
-    opt="adamw",
     lr=1e-3,
-    weight_decay=0.05,
     warmup_epochs=10,
-    min_lr=1e-5,
     workers=8,  # RandAugment is a per-image PIL op: DataLoader workers
     precision="bf16",
 )

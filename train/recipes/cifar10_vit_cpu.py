@@ -1,9 +1,10 @@
 """CIFAR-10 from scratch on a CPU in about half an hour: a small ViT (4x4 patches, width 64, 6 blocks, 0.2M params).
 
-The budget variant of cifar10_vit, and the app's bundled default model. Sized on one core of a shared
-2-core AMD EPYC VM (about 500 images/s; run it with OMP_NUM_THREADS=1 where other jobs share the cores,
-since PyTorch's spinning threads slow down badly under contention). Light augmentation only (random
-shift and flip, label smoothing): a short schedule underfits rather than overfits.
+The budget variant of cifar10_vit, and the root of the CPU recipes: the CIFAR-10 input (32 px, the dataset's
+mean and std) and the schedule that cifar10_hybrid and the mpp_* recipes start from. Sized on one core of a
+shared 2-core AMD EPYC VM (about 500 images/s; run it with OMP_NUM_THREADS=1 where other jobs share the cores,
+since PyTorch's spinning threads slow down badly under contention). Light augmentation only (random shift and
+flip, label smoothing): a short schedule underfits rather than overfits.
 """
 
 recipe = dict(
@@ -16,7 +17,7 @@ recipe = dict(
         mlp_ratio=2.0,
         global_pool="avg",
         class_token=False,
-        mean=(0.4914, 0.4822, 0.4465),
+        mean=(0.4914, 0.4822, 0.4465),  # CIFAR-10's training images, per channel
         std=(0.2470, 0.2435, 0.2616),
         crop_pct=1.0,
         interpolation="bicubic",

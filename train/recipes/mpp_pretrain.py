@@ -9,7 +9,7 @@ from train import load_recipe
 
 recipe = dict(
     task="mpp",
-    model_args=load_recipe("cifar10_vit_cpu")["model_args"],  # the same ViT as the bundled CPU model
+    model_args=load_recipe("cifar10_vit_cpu")["model_args"],  # the ViT of cifar10_vit_cpu
     data="cifar10",
     train_subset=[5000, 50000],
     eval_subset=2000,

@@ -3,7 +3,7 @@
 from train import load_recipe
 
 recipe = dict(
-    model_args=load_recipe("cifar10_vit_cpu")["model_args"],  # the same ViT as the bundled CPU model
+    model_args=load_recipe("cifar10_vit_cpu")["model_args"],  # the ViT of cifar10_vit_cpu
     data="cifar10",
     train_subset=5000,
     augment=dict(crop="pad", padding=4, hflip=True),
