@@ -3,7 +3,7 @@
 import vit_core
 model = vit_core.create_model("vit_base_patch16_224", num_classes=10)
 logits, attentions = model(images, return_attention=True)
-model.save_pretrained("runs/b16")
+vit_core.save_pretrained(model, "runs/b16")
 model = vit_core.from_pretrained("runs/b16", img_size=384)
 model = vit_core.from_pretrained("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")  # or transformers, .npz
 vit_core.push_to_hub(model, "me/my-vit")
