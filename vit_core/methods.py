@@ -39,8 +39,8 @@ class Cost:
     backward: int = 0  # backward passes, each with the forward pass it differentiates
 
     def flops(self, cfg: ViTConfig) -> int:
-        """Floating-point operations at ``cfg``'s input size; a backward pass with its forward pass counts as
-        three forward passes (the gradients of the activations and of the weights)."""
+        """Floating-point operations at ``cfg``'s input size, a backward pass with its forward pass counted as
+        three forward passes (the usual estimate: a backward pass costs about twice its forward pass)."""
         return (self.forward + 3 * self.backward) * forward_flops(cfg)
 
 

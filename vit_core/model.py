@@ -215,11 +215,11 @@ class VisionTransformer(nn.Module):
         to the input's grid on the fly. With average pooling (timm's ``fc_norm`` layout) the final norm
         comes after pooling, so these tokens are the last block's output.
         """
-        x, attentions = self.forward_blocks(self._pos_embed(self.patch_embed(x)), return_attention)
+        x, attentions = self.forward_blocks(self.to_tokens(self.patch_embed(x)), return_attention)
         x = self.norm(x)
         return (x, attentions) if return_attention else x
 
-    def _pos_embed(self, grid: torch.Tensor) -> torch.Tensor:
+    def to_tokens(self, grid: torch.Tensor) -> torch.Tensor:
         """Eq. 1: a (B, h, w, D) grid of patch embeddings -> (B, T, D) tokens, with the class token in front
         and the position embeddings (resized to h x w) added, then dropout."""
         B, h, w, D = grid.shape

@@ -108,7 +108,7 @@ class MaskedPatchPrediction(nn.Module):
         grid = vit.patch_embed(images)  # (B, h, w, D): x_p^i E
         B, h, w, D = grid.shape
         x, kind = corrupt_patches(grid.reshape(B, h * w, D), self.mask_token, self.mask_ratio, self.probs, generator)
-        x, _ = vit.forward_blocks(vit._pos_embed(x.reshape(B, h, w, D)))  # eq. 1-3, with corrupted patches
+        x, _ = vit.forward_blocks(vit.to_tokens(x.reshape(B, h, w, D)))  # eq. 1-3, with corrupted patches
         x = vit.fc_norm(vit.norm(x))[:, vit.num_prefix_tokens :]
         chosen = kind > 0
         return self.head(x[chosen]), targets[chosen]

@@ -2,8 +2,9 @@
 
 Requests are untrusted: ``parse_settings`` turns a request's raw values into ``Settings`` or a ``ValueError``
 that names the bad value and the valid range. The methods are ``vit_core.methods``'s table; this server runs
-a method's map when its forward passes fit ``MAP_BUDGET`` (``affordable``), and picks the default method
-from ``DEFAULT_METHODS`` by the same rule.
+a method that needs no forward pass beyond the prediction's (the attention maps; gradient rollout's backward
+pass) for every model it loads, and one of many forward passes (RISE) when they fit ``MAP_BUDGET``
+(``affordable``); the default method is the first of ``DEFAULT_METHODS`` it runs.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ PREDICTED = "(predicted class)"
 
 
 def affordable(method: Method, model: VisionTransformer, device: torch.device) -> bool:
-    """Whether this server draws ``method``'s maps for ``model``: a map that runs the model once (with a
-    backward pass at most) always, as the limits on loading bound what that costs; one that runs it more
-    (RISE) when its FLOPs fit ``MAP_BUDGET`` on ``device``."""
+    """Whether this server draws ``method``'s maps for ``model``: always when the map needs no forward pass
+    beyond the prediction's (a backward pass costs about what the prediction does, which the limits on loading
+    bound); when it needs more (RISE), if their FLOPs fit ``MAP_BUDGET`` on ``device``."""
     budget = MAP_BUDGET.get(device.type, MAP_BUDGET["cpu"])
     return method.cost.forward == 0 or method.cost.flops(model.config) <= budget
 

@@ -26,6 +26,8 @@ class Fitted(Protocol):
 
 @dataclass
 class Picker:
+    """The picker's components, which every tab reads, and the model the page starts on."""
+
     choice: gr.Dropdown  # the bundled model, a run folder, or a Hub repo id
     status: gr.Markdown  # which model is loaded, or why the chosen one did not load
     active: gr.State  # the model in use: a failed load goes back to it
