@@ -203,7 +203,8 @@ def test_the_next_request_is_not_held_up_by_a_slow_load(app):
 def test_failed_loads_are_answered_from_memory(app):
     first = app.refused("nobody/no-such-vit")
     assert "Could not load 'nobody/no-such-vit'" in first
-    assert app.refused("hf-hub:nobody/no-such-vit@main") == first
+    spelled = "hf-hub:nobody/no-such-vit@main"  # the same checkpoint: remembered, named as this request names it
+    assert app.refused(spelled) == first.replace("'nobody/no-such-vit'", f"'{spelled}'")
     assert app.log.read_text().count("nobody/no-such-vit") >= 2  # one log line per handled error
     assert "Traceback" not in app.log.read_text()
 
@@ -238,5 +239,18 @@ def test_public_mode_serves_only_its_list(hub, tmp_path):
         )
         assert app.classify(BUNDLED_LABEL)[0]["label"] in CIFAR10
         assert app.classify(B16)[0]["label"] in set(imagenet_names())
+        # A huge value (here 2 MB) is refused in a line, and neither echoed nor logged whole, nor with a traceback
+        log_before = app.log.stat().st_size
+        message = app.refused("A" * 2_000_000)
+        assert "too long (2,000,000 characters)" in message and len(message) < 400, message[:500]
+        with pytest.raises(AppError) as e:  # a method name the Radio does not offer: our message, quoted briefly
+            app.client.predict(handle_file(str(CAT)), method="B" * 100_000, api_name="/classify")
+        assert "too long" in str(e.value) and len(str(e.value)) < 400
+        with pytest.raises(AppError) as e:
+            app.client.predict(handle_file(str(CAT)), method="Nonsense", api_name="/classify")
+        assert "method must be one of" in str(e.value) and "'Nonsense'" in str(e.value)
+        logged = app.log.read_text()[log_before:]
+        assert "Traceback" not in logged and len(logged) < 2000, logged[:3000]
+        assert len([line for line in logged.splitlines() if "refused a" in line]) == 2  # one line per refusal
     finally:
         app.stop()

@@ -198,10 +198,10 @@ def test_uploads_are_never_models(hub, tmp_path, monkeypatch):
     uploads = tmp_path / "gradio"
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(uploads))
     upload = _checkpoint(uploads / "0123abcd" / "vit")
-    for opts in (Options(), Options(public=True, allow_any=False)):
+    for opts, says in ((Options(), access.UPLOADED), (Options(public=True, allow_any=False), access.NOT_SERVED)):
         m = Models(CPU, opts)
         for text in (str(upload), str(uploads / "0123abcd" / "missing.npz"), f"{uploads}/../gradio/0123abcd/vit"):
-            assert _error(m, text) == access.UPLOADED
+            assert _error(m, text) == says  # public mode: the one refusal it gives every value not in its list
     (tmp_path / "innocent").symlink_to(upload)  # a link out of the upload folder
     assert _error(Models(CPU), str(tmp_path / "innocent")) == access.UPLOADED
 
@@ -269,7 +269,7 @@ def test_npz_sizes_come_from_their_headers(hub, tmp_path):
     message = _error(Models(CPU), str(bomb), wait=30)
     assert message == (
         f"Could not load '{bomb}': its .npz is refused: not a readable .npz of arrays "
-        "(embedding/kernel.npy is shorter than its declared shape (50000, 50000))"
+        "(embedding/kernel.npy is shorter than its declared shape (50000, 50000))."
     )
 
 
@@ -283,7 +283,9 @@ def test_failed_loads_are_remembered_and_answered_from_memory(hub, caplog):
     caplog.clear()
     t0 = time.perf_counter()
     with caplog.at_level(logging.WARNING, logger="webapp"):
-        assert _error(m, "hf-hub:nobody/missing-vit@main") == first  # another spelling: the same key
+        again = _error(m, "hf-hub:nobody/missing-vit@main")  # another spelling: the same key, remembered
+    # ... and answered in this request's own spelling, never an earlier request's
+    assert again == first.replace("'nobody/missing-vit'", "'hf-hub:nobody/missing-vit@main'") != first
     assert time.perf_counter() - t0 < 0.1 and len(hub.requests) == requests
     assert len(caplog.records) == 1 and "(remembered)" in caplog.records[0].getMessage()
     retried = Models(CPU, Options(failed_ttl=0))
@@ -330,6 +332,51 @@ def test_a_slow_load_does_not_hold_up_other_requests(hub, monkeypatch):
     assert time.perf_counter() - t0 < 10
     release.set()
     assert m.get("mallory/slow-vit", wait=60)[0].config.embed_dim == 32  # the same load, joined
+
+
+def test_a_hub_that_hangs_never_holds_up_local_loads(tmp_path, monkeypatch):
+    """A Hub that takes connections and never answers: after the first Hub load finds it silent, further Hub
+    loads are refused at once for HUB_RETRY seconds, at most MAX_HUB_LOADS run at a time, and a local folder
+    loads on workers of its own meanwhile."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(128)  # the kernel completes connections; nobody ever reads or answers
+        _endpoint(monkeypatch, f"http://127.0.0.1:{silent.getsockname()[1]}")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(models, "HUB_ANSWER_TIMEOUT", 1.0)
+        m = Models(CPU)
+        t0 = time.perf_counter()
+        messages = [_error(m, f"nobody/made-up-{i}", wait=0) for i in range(40)]
+        assert time.perf_counter() - t0 < 2  # nobody waits for the Hub
+        busy = sum("Hub downloads are under way" in msg for msg in messages)
+        assert busy == 40 - models.MAX_HUB_LOADS, messages
+        folder = _checkpoint(tmp_path / "local")
+        t0 = time.perf_counter()
+        assert m.get(str(folder), wait=30)[0].config.embed_dim == 32
+        assert time.perf_counter() - t0 < 5  # the Hub's workers are stuck; the local ones are free
+        time.sleep(1.5)  # the first Hub load has found the Hub silent by now
+        refused = _error(m, "nobody/another-vit", wait=0)
+        assert "the Hub did not answer just now; try again in" in refused, refused
+        assert refused.startswith("Could not load 'nobody/another-vit':") and refused.endswith(" s.")
+
+
+def test_free_text_messages_name_what_was_asked(tmp_path, monkeypatch):
+    """Local use: a path that is not there is "no such folder" (not a Hub id); "~nosuchuser" is a user message,
+    not an internal error; a failed folder is named as each request spelled it (a link, then its target)."""
+    monkeypatch.chdir(ROOT)
+    m = Models(CPU)
+    assert _error(m, "runs/nope") == "No such folder: 'runs/nope'."
+    assert _error(m, "./nope/model") == "No such folder: './nope/model'."
+    assert _error(m, "~nosuchuser-vit/model") == "No such folder: '~nosuchuser-vit/model'."  # was a RuntimeError
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    link = tmp_path / "link"
+    link.symlink_to(broken)
+    first = _error(m, str(link), wait=30)
+    assert first.startswith(f"Could not load '{link}':"), first
+    again = _error(m, str(broken), wait=30)  # remembered under the same key, named as this request names it
+    assert again.startswith(f"Could not load '{broken}':") and str(link) not in again, again
 
 
 def test_memory_is_returned_after_a_failed_load(tmp_path, monkeypatch):

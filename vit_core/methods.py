@@ -20,6 +20,7 @@ without running the model); otherwise the map itself, one per class when ``per_c
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -106,4 +107,4 @@ def by_title(title: str) -> Method:
     for m in METHODS:
         if m.title == title:
             return m
-    raise ValueError(f"method must be one of {', '.join(m.title for m in METHODS)}, got {title!r}")
+    raise ValueError(f"method must be one of {', '.join(m.title for m in METHODS)}, got {reprlib.repr(title)}")

@@ -19,6 +19,7 @@ from gradio.utils import get_cache_folder, get_upload_folder
 from vit_core.hub import HUB_ID
 
 from .catalog import BUNDLED, BUNDLED_LABEL, CURATED, ROOT, run_folders
+from .errors import quote
 
 PUBLIC_ROOTS = (ROOT / "models", ROOT / "runs")  # the only local folders public mode serves
 NOT_SERVED = "This app serves only the models in its list: choose one of them."
@@ -59,7 +60,7 @@ def parse(text: str) -> Choice | None:
     try:
         path = Path(text).expanduser()
         exists = bool(text) and path.exists()
-    except (OSError, ValueError):  # NUL bytes, names too long...
+    except (OSError, ValueError, RuntimeError):  # NUL bytes, names too long, "~nosuchuser"...
         return None
     if exists:
         real = os.path.realpath(path)
@@ -89,6 +90,19 @@ def is_upload(text: str) -> bool:
         path = Path(text.strip()).expanduser()
         roots = upload_roots()
         return _within(os.path.abspath(path), roots) or _within(os.path.realpath(path), roots)
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
+def _looks_local(text: str) -> bool:
+    """Whether ``text``, which names no existing path, was meant as one: it starts like a path, or its first
+    part is the project's ``models`` or ``runs`` or a folder here (``runs/nope``), so it is not read as the Hub
+    id ``owner/name``."""
+    if text.startswith(("/", "./", "../", "~")):
+        return True
+    first = text.split("/", 1)[0]
+    try:
+        return first in {r.name for r in PUBLIC_ROOTS} or Path(first).is_dir() or (ROOT / first).is_dir()
     except (OSError, ValueError):
         return False
 
@@ -129,13 +143,15 @@ class Access:
             if text in (choice.value, choice.label):
                 return choice
         if is_upload(text):
-            raise ModelError(UPLOADED)
+            raise ModelError(UPLOADED if self.allow_any else NOT_SERVED)
         parsed = parse(text)
         listed = next((c for c in self.listed if parsed is not None and c.key == parsed.key), None)
         if listed is not None:
             return listed
         if not self.allow_any:
             raise ModelError(NOT_SERVED)
+        if (parsed is None or not parsed.local) and _looks_local(text):
+            raise ModelError(f"No such folder: {quote(text)}.")
         if parsed is None:
             raise ModelError("Give a model folder or a Hub repo id ('owner/name'), or choose one from the list.")
         return parsed
@@ -158,6 +174,6 @@ def operator_choice(text: str) -> Choice:
     in_project = parse(str(ROOT / text)) if not Path(text).is_absolute() else None
     parsed = in_project.relabel(text, text) if in_project is not None and in_project.local else parse(text)
     if parsed is None:
-        raise ModelError(f"{text!r} is neither a folder nor a Hub repo id ('owner/name')")
+        raise ModelError(f"{quote(text)} is neither a folder nor a Hub repo id ('owner/name')")
     curated = next((c for c in CURATED if parsed.key == f"hub:{c.repo}@main"), None)
     return parsed.relabel(curated.repo, curated.label) if curated is not None else parsed

@@ -15,6 +15,7 @@ from vit_core.data import ImageDataError
 
 log = logging.getLogger("webapp")
 MAX_CHARS = 300
+MAX_QUOTED = 200  # characters of a user's value repeated in a message or a log line
 _ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/[^\s'\"(),;]*[^\s'\"(),;.:]")  # not inside URLs or relative paths
 
 
@@ -28,12 +29,26 @@ def public(message: str, names: dict[str, str] | None = None) -> str:
     return first if len(first) <= MAX_CHARS else first[: MAX_CHARS - 1] + "…"
 
 
+def quote(value: object) -> str:
+    """``repr(value)`` for a message or a log line, at most ``MAX_QUOTED`` characters of it: a request's
+    value can be megabytes long."""
+    text = repr(value)
+    return text if len(text) <= MAX_QUOTED else f"{text[: MAX_QUOTED - 1]}… ({len(text):,} characters)"
+
+
+def sentence(text: str) -> str:
+    """``text`` ending in a full stop (or its own ?, ! or …), to be followed by another sentence."""
+    text = text.rstrip()
+    return text if text.endswith((".", "?", "!", "…")) else text + "."
+
+
 def user_error(error: Exception) -> gr.Error:
     """A handled error (bad input, a refused model...) as the UI shows it, logged as one line. A ``gr.Error``
     is already for people (and was logged where it was raised)."""
     if isinstance(error, gr.Error):
         return error
-    log.warning("%s: %s", type(error).__name__, str(error).strip().splitlines()[0] if str(error).strip() else "")
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    log.warning("%s: %s", type(error).__name__, first if len(first) <= MAX_CHARS else first[: MAX_CHARS - 1] + "…")
     return gr.Error(public(str(error)), print_exception=False)
 
 

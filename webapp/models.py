@@ -23,6 +23,7 @@ answers (``vit_core.hub.answers``): huggingface_hub would retry a dead endpoint 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 import time
@@ -44,11 +45,14 @@ from vit_core.data.transforms import ImageTransform
 from . import sizing
 from .access import Access, Choice, ModelError, default_choices, operator_choice
 from .catalog import AUTO, BUNDLED_LABEL, imagenet_names
-from .errors import log, public
+from .errors import log, public, sentence
 from .memory import release_memory
 from .options import AUTO_MODEL, Options
 
-LOAD_WORKERS = 2  # loads of different checkpoints in parallel; each is within --max-model-mb
+LOAD_WORKERS = 2  # loads of different checkpoints in parallel, per kind (local, Hub); each is within --max-model-mb
+MAX_HUB_LOADS = 4  # Hub loads running or waiting for a worker; more are refused at once
+HUB_ANSWER_TIMEOUT = 5.0  # seconds the Hub has to answer the question whether it answers
+HUB_RETRY = 30.0  # seconds after the Hub did not answer during which Hub loads are refused at once
 UI_LOAD_WAIT = 300.0  # seconds the model picker waits for a load (with a progress bar)
 MB = 2**20
 
@@ -75,9 +79,14 @@ class Models:
             raise SystemExit(f"--models: {e}") from None
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()  # least recently used first
         self._loading: dict[str, Future[Loaded]] = {}
-        self._failed: dict[str, tuple[float, str, str]] = {}  # key -> (until, message, detail for the log)
+        self._failed: dict[str, tuple[float, str, str]] = {}  # key -> (until, reason, detail for the log)
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(LOAD_WORKERS, thread_name_prefix="model-load")
+        # Local folders and the Hub load on workers of their own: a Hub that hangs never delays a local load.
+        self._pools = {
+            local: ThreadPoolExecutor(LOAD_WORKERS, thread_name_prefix=f"model-load-{'local' if local else 'hub'}")
+            for local in (True, False)
+        }
+        self._hub_down_until = 0.0  # monotonic time until which Hub loads are refused at once
         self._default: Choice = self.access.listed[0]
         self._pinned: str | None = None
         self._auto_note = ""
@@ -177,36 +186,53 @@ class Models:
             raise gr.Error(str(e), print_exception=False) from None
 
     def _get_choice(self, choice: Choice, wait: float | None) -> Loaded:
-        """ModelError when refused, failed (now or recently) or still loading."""
+        """ModelError when refused, failed (now or recently) or still loading. Messages name the checkpoint as
+        this request spelled it."""
         with self._lock:
             hit = self._loaded.get(choice.key)
             if hit is not None:
                 self._loaded.move_to_end(choice.key)
                 return hit
+            now = time.monotonic()
             failed = self._failed.get(choice.key)
-            if failed is not None and failed[0] > time.monotonic():
-                raise ModelError(failed[1], f"{failed[2]} (remembered)")
+            if failed is not None and failed[0] > now:
+                raise ModelError(_could_not_load(choice, failed[1]), f"{failed[2]} (remembered)")
             future = self._loading.get(choice.key)
             if future is None:
-                future = self._loading[choice.key] = self._pool.submit(self._load, choice)
+                if not choice.local:
+                    self._check_hub(choice, now)
+                future = self._loading[choice.key] = self._pools[choice.local].submit(self._load, choice)
         try:
             return future.result(timeout=wait)
         except FutureTimeout:
             raise ModelError(f"'{choice.label}' is still loading; try again in a moment.") from None
+        except _LoadFailed as e:
+            raise ModelError(_could_not_load(choice, e.reason), e.detail) from None
+
+    def _check_hub(self, choice: Choice, now: float) -> None:
+        """Refuse a new Hub load at once while the Hub is known not to answer, or while ``MAX_HUB_LOADS`` are
+        under way: made-up repo names cannot pile up behind a Hub that hangs. Under the lock."""
+        if now < self._hub_down_until:
+            seconds = math.ceil(self._hub_down_until - now)
+            reason = f"the Hub did not answer just now; try again in {seconds} s"
+            raise ModelError(_could_not_load(choice, reason), f"{choice.source}: Hub down, not asked")
+        if sum(key.startswith("hub:") for key in self._loading) >= MAX_HUB_LOADS:
+            reason = f"{MAX_HUB_LOADS} Hub downloads are under way; try again in a minute"
+            raise ModelError(_could_not_load(choice, reason), f"{choice.source}: Hub loads busy")
 
     def _load(self, choice: Choice) -> Loaded:
-        """Runs on a worker thread. A failure is remembered; the memory it took is returned."""
-        error = loaded = None
+        """Runs on a worker thread. A failure is remembered (its reason, without the checkpoint's name, so that
+        each request's message names it as that request did); the memory it took is returned."""
+        failure = loaded = None
         try:
             loaded = self._build(choice)
         except ModelError as e:
-            error = ModelError(f"Could not load '{choice.label}': {e}", f"{choice.source}: {e}")
+            failure = _LoadFailed(str(e), f"{choice.source}: {e.detail}")
         except vit_core.CheckpointError as e:
-            error = ModelError(f"Could not load '{choice.label}': {public_text(str(e), choice)}", str(e))
+            failure = _LoadFailed(str(e), str(e))
         except Exception:  # the traceback is logged as text: a log record that kept it would keep the model
             log.error("unexpected error while loading %s\n%s", choice.source, traceback.format_exc().rstrip())
-            message = f"Could not load '{choice.label}': unexpected error (logged on the server)."
-            error = ModelError(message, f"{choice.source}: unexpected error, traceback logged")
+            failure = _LoadFailed("unexpected error (logged on the server)", f"{choice.source}: unexpected error")
         evicted = 0
         with self._lock:
             self._loading.pop(choice.key, None)
@@ -216,15 +242,17 @@ class Models:
             else:
                 now = time.monotonic()
                 self._failed = {k: v for k, v in self._failed.items() if v[0] > now}  # forget expired ones
-                self._failed[choice.key] = (now + self.options.failed_ttl, str(error), error.detail)
-        if error is not None or evicted:
+                self._failed[choice.key] = (now + self.options.failed_ttl, failure.reason, failure.detail)
+        if failure is not None or evicted:
             release_memory()
-        if error is not None:
-            raise error  # outside the except blocks: no traceback keeps the failed model's frames alive
+        if failure is not None:
+            raise failure  # outside the except blocks: no traceback keeps the failed model's frames alive
         return loaded
 
     def _build(self, choice: Choice) -> Loaded:
-        if not choice.local and not hub.offline() and not hub.answers(choice.source):
+        if not choice.local and not hub.offline() and not hub.answers(choice.source, HUB_ANSWER_TIMEOUT):
+            with self._lock:
+                self._hub_down_until = time.monotonic() + HUB_RETRY
             raise ModelError("the Hub did not answer; try again later")
         footprint = sizing.check(choice, self.options.max_model_mb * MB)
         with self._lock:
@@ -252,6 +280,19 @@ class Models:
                 log.info("evicting %s", self._loaded.pop(key).choice.label)
                 evicted += 1
         return evicted
+
+
+class _LoadFailed(Exception):
+    """A failed load as remembered: why (``reason``, which may hold the server's path of the checkpoint), and
+    the log's ``detail``."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(reason)
+        self.reason, self.detail = reason, detail
+
+
+def _could_not_load(choice: Choice, reason: str) -> str:
+    return f"Could not load '{choice.label}': {sentence(public_text(reason, choice))}"
 
 
 def public_text(message: str, choice: Choice) -> str:

@@ -17,6 +17,8 @@ import torch
 from vit_core import VisionTransformer, explain, methods
 from vit_core.methods import Method
 
+from .errors import quote
+
 # What the forward passes of one map may cost (RISE: explain.RISE_MASKS of them), in FLOPs: 1.5 s measured on a
 # 2-core CPU (the bundled model: 500 x 0.26 GFLOP); on a GPU, ViT-L/16 at 384 px fits.
 MAP_BUDGET = {"cpu": 2e11, "cuda": 2e14}
@@ -74,9 +76,9 @@ def _integer(value: object, what: str) -> int:
     try:
         f = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a whole number, got {value!r}") from None
+        raise ValueError(f"{what} must be a whole number, got {quote(value)}") from None
     if not math.isfinite(f) or f != int(f):
-        raise ValueError(f"{what} must be a whole number, got {value!r}")
+        raise ValueError(f"{what} must be a whole number, got {quote(value)}")
     return int(f)
 
 
@@ -84,7 +86,7 @@ def check_layer(model: VisionTransformer, layer: object) -> int:
     depth = model.config.depth
     i = _integer(layer, "layer")
     if not -depth <= i < depth:
-        raise ValueError(f"layer must be in {-depth}..{depth - 1} for this {depth}-layer model, got {layer!r}")
+        raise ValueError(f"layer must be in {-depth}..{depth - 1} for this {depth}-layer model, got {quote(layer)}")
     return i % depth
 
 
@@ -94,7 +96,7 @@ def check_head(model: VisionTransformer, head: object) -> int | None:
     heads = model.config.num_heads
     i = _integer(head, "head")
     if not 0 <= i < heads:
-        raise ValueError(f"head must be 'mean' or 0..{heads - 1}, got {head!r}")
+        raise ValueError(f"head must be 'mean' or 0..{heads - 1}, got {quote(head)}")
     return i
 
 
@@ -103,7 +105,7 @@ def check_target(model: VisionTransformer, target: object) -> int | None:
         return None
     names = model.class_names
     if target not in names:
-        raise ValueError(f"{target!r} is not a class of this model; choose one of {', '.join(names[:20])}...")
+        raise ValueError(f"{quote(target)} is not a class of this model; choose one of {', '.join(names[:20])}...")
     return names.index(target)  # type: ignore[arg-type]
 
 
@@ -111,7 +113,7 @@ def check_top_k(top_k: object, num_classes: int) -> int:
     """How many classes to list: at least 1, at most the model's classes."""
     k = _integer(top_k, "top-k")
     if k < 1:
-        raise ValueError(f"top-k must be at least 1, got {top_k!r}")
+        raise ValueError(f"top-k must be at least 1, got {quote(top_k)}")
     return min(k, num_classes)
 
 
@@ -119,9 +121,9 @@ def _unit(value: object, what: str, hi: float) -> float:
     try:
         f = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a number, got {value!r}") from None
+        raise ValueError(f"{what} must be a number, got {quote(value)}") from None
     if not 0.0 <= f <= hi:
-        raise ValueError(f"{what} must be in [0, {hi}], got {value!r}")
+        raise ValueError(f"{what} must be in [0, {hi}], got {quote(value)}")
     return f
 
 
@@ -139,7 +141,7 @@ def parse_settings(
     ``ValueError`` naming the bad one and the valid range."""
     chosen = methods.METHODS[0] if method is None else methods.by_title(method)
     if head_fusion not in explain.HEAD_FUSIONS:
-        raise ValueError(f"head fusion must be one of {', '.join(explain.HEAD_FUSIONS)}, got {head_fusion!r}")
+        raise ValueError(f"head fusion must be one of {', '.join(explain.HEAD_FUSIONS)}, got {quote(head_fusion)}")
     return Settings(
         method=chosen,
         target=check_target(model, target),

@@ -12,6 +12,7 @@ from ..errors import user_errors
 from ..settings import check_top_k, parse_settings
 from .classify import ClassifyTab
 from .context import Context
+from .inputs import CheckedRadio
 from .picker import Picker
 
 
@@ -45,7 +46,7 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
     files = gr.File(
         file_count="multiple", file_types=["image", ".zip"], type="filepath", label="Images", elem_id="files"
     )
-    method = gr.Radio(titles, value=titles[0], label="Explanation")
+    method = CheckedRadio(titles, value=titles[0], label="Explanation")
     button = gr.Button("Classify all", variant="primary")
     note = gr.Textbox(label="Summary", interactive=False, elem_id="batch-note")
     gallery = gr.Gallery(

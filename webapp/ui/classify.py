@@ -22,6 +22,7 @@ from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
 from ..settings import PREDICTED, Settings, check_top_k, default_method, parse_settings
 from .context import EXAMPLES, Context
+from .inputs import CheckedDropdown, CheckedRadio
 from .picker import Picker
 
 MAX_TOP_K = 10
@@ -145,20 +146,22 @@ def build(ctx: Context, picker: Picker) -> ClassifyTab:
             sources=["upload", "clipboard", "webcam"], type="filepath", label="Image", height=300, elem_id="image"
         )
         button = gr.Button("Classify", variant="primary", elem_id="classify")
-        method = gr.Radio(
+        method = CheckedRadio(
             [m.title for m in methods.METHODS], value=default_method(model, ctx.device).title, label="Explanation"
         )
         with gr.Accordion("Explanation settings", open=False):
             # choices follow the loaded model; other values are checked server-side
-            target = gr.Dropdown(
+            target = CheckedDropdown(
                 [PREDICTED, *model.class_names],
                 value=PREDICTED,
                 allow_custom_value=True,
                 label=f"Class to explain ({per_class})",
             )
             layer = gr.Slider(-depth, depth - 1, value=-1, step=1, label="Layer (raw attention; -1 = last)")
-            head = gr.Dropdown(head_choices(model), value="mean", allow_custom_value=True, label="Head (raw attention)")
-            head_fusion = gr.Radio(["mean", "max", "min"], value="mean", label="Head fusion (rollout)")
+            head = CheckedDropdown(
+                head_choices(model), value="mean", allow_custom_value=True, label="Head (raw attention)"
+            )
+            head_fusion = CheckedRadio(["mean", "max", "min"], value="mean", label="Head fusion (rollout)")
             discard = gr.Slider(0.0, 0.99, value=0.0, step=0.01, label="Discard ratio (rollout)")
         with gr.Row():
             opacity = gr.Slider(

@@ -17,6 +17,7 @@ from ..errors import user_errors
 from ..settings import parse_settings
 from .classify import ClassifyTab, head_choices
 from .context import Context
+from .inputs import CheckedDropdown
 from .picker import Picker
 
 
@@ -107,7 +108,7 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> ExploreTab:
             picture = gr.Image(type="pil", label="Click a patch", interactive=False, elem_id="view")
             with gr.Row():
                 layer = gr.Slider(-depth, depth - 1, value=-1, step=1, label="Layer (-1 = last)")
-                head = gr.Dropdown(head_choices(picker.model), value="mean", allow_custom_value=True, label="Head")
+                head = CheckedDropdown(head_choices(picker.model), value="mean", allow_custom_value=True, label="Head")
             with gr.Row():
                 point_x = gr.Number(label="x (image pixels)", precision=1)
                 point_y = gr.Number(label="y (image pixels)", precision=1)

@@ -13,7 +13,9 @@ import torch
 from vit_core import VisionTransformer
 
 from .. import model_info
+from ..errors import sentence
 from .context import Context
+from .inputs import CheckedDropdown
 
 
 class Fitted(Protocol):
@@ -40,7 +42,7 @@ def build(ctx: Context) -> Picker:
     default = ctx.models.default
     model, _ = ctx.models.get(default)
     with gr.Row():
-        choice = gr.Dropdown(
+        choice = CheckedDropdown(
             ctx.models.choices(),
             value=default,
             allow_custom_value=ctx.models.allow_custom_value,
@@ -74,7 +76,7 @@ def connect(ctx: Context, picker: Picker, demo: gr.Blocks, tabs: Sequence[Fitted
         try:
             return (*updates(choice), gr.skip())
         except gr.Error as e:
-            status = f"⚠️ {e.message} Still using **{active}**."
+            status = f"⚠️ {sentence(e.message)} Still using **{active}**."
             return (status, *[gr.skip()] * (len(fitted) + 2), gr.Dropdown(value=active))
 
     outputs = [picker.status, picker.facts, *fitted, picker.active]
