@@ -37,7 +37,7 @@ for a reproducible run; DataLoader workers are seeded by torch.
 
 from .batches import Batches, fixed_subset
 from .datasets import HFImageDataset, ImageFolderDataset, InMemoryImageDataset, build_dataset, default_data_root
-from .images import ImageDataError, load_image, match_channels, to_model_mode
+from .images import ImageDataError, ImageHeader, load_image, match_channels, read_header, to_model_mode
 from .transforms import AUGMENT_DEFAULTS, ImageTransform, build_mixup, build_transform, check_augment
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "HFImageDataset",
     "ImageDataError",
     "ImageFolderDataset",
+    "ImageHeader",
     "ImageTransform",
     "InMemoryImageDataset",
     "build_dataset",
@@ -56,5 +57,6 @@ __all__ = [
     "fixed_subset",
     "load_image",
     "match_channels",
+    "read_header",
     "to_model_mode",
 ]
