@@ -254,11 +254,12 @@ def batch(
     model, transform = MODELS.get(model_choice)
     s = parse_settings(model, method, opacity=opacity)
     k = check_top_k(top_k, model.config.num_classes)
-    items = batch_mode.read_uploads(files or [])
-    gallery = batch_mode.classify_batch(model, transform, items, s, MODELS.device)
+    items, gallery = batch_mode.classify_batch(model, transform, files or [], s, MODELS.device)
     path = batch_mode.write_csv(items, model.class_names, k)
-    skipped = [i for i in items if i.image is None]
+    skipped = [i for i in items if i.probs is None]
     note = f"{len(gallery)} image(s) classified" + (f", {len(skipped)} skipped (see the CSV)" if skipped else "")
+    if skipped and not gallery:
+        note += f"; {skipped[0].name}: {skipped[0].error}"
     return gallery, str(path), note
 
 
