@@ -29,8 +29,8 @@ from gradio.data_classes import FileData
 from PIL import Image
 
 from vit_core.data import ImageDataError, load_image
+from webapp import admission, explorer, model_info, render
 from webapp import batch as batch_mode
-from webapp import explorer, model_info, render
 from webapp.analysis import (
     GRADIENT,
     METHODS,
@@ -53,6 +53,8 @@ from webapp.models import Settings as ModelSettings
 
 EXAMPLES = sorted(str(p) for p in (ROOT / "examples").glob("*.jpg"))
 MAX_TOP_K = 10
+QUEUE_SIZE = 64  # requests waiting at once, all clients together
+DELETE_CACHE = (300, 900)  # every 5 minutes, delete uploads and outputs older than 15 minutes
 CSS = """
 .verdict p { font-size: 1.6rem; font-weight: 600; margin: 0; }
 #summary table { word-break: normal; overflow-wrap: normal; hyphens: none; }
@@ -71,6 +73,13 @@ CSS = """
 def gpu(fn):
     """Run ``fn`` on a ZeroGPU worker when on such a Space; unchanged elsewhere."""
     return spaces.GPU(fn) if spaces is not None else fn
+
+
+def compute(fn, cost):
+    """A compute listener: admitted by the server's memory budget (``GATE``, ``cost`` its estimate from its
+    arguments), then run on a ZeroGPU worker where there is one. Registered with
+    ``concurrency_id=admission.COMPUTE``: ``--concurrency`` bounds every listener together."""
+    return GATE.admit(gpu(fn), cost)
 
 
 def user_errors(fn):
@@ -307,6 +316,11 @@ def on_model_change(model_choice: str, active: str, progress: gr.Progress = gr.P
         return (status, *(gr.skip(),) * 8, gr.Dropdown(value=active))
 
 
+def _startup_updates(model_choice: str) -> tuple:
+    """The page's first status line and controls (on load)."""
+    return _model_updates(model_choice)[:-1]
+
+
 def _example_label(path: str) -> str:
     """Examples are named ``<class>_<anything>.jpg``, or ``ood_<what>.jpg`` for an image of none of the
     classes."""
@@ -320,7 +334,7 @@ def build_ui(default_model: str) -> gr.Blocks:
     classes = model.class_names
     depth, heads = model.config.depth, model.config.num_heads
     head_choices = ["mean", *map(str, range(heads))]
-    with gr.Blocks(title="Vision Transformer: where did it look?", delete_cache=(3600, 3600)) as demo:
+    with gr.Blocks(title="Vision Transformer: where did it look?", delete_cache=DELETE_CACHE) as demo:
         gr.Markdown(
             "## Where did the Vision Transformer look?\n"
             "Classify an image, see which patches the prediction drew on, click a patch to see where it "
@@ -462,7 +476,14 @@ def build_ui(default_model: str) -> gr.Blocks:
 
         settings = [method, target, layer, head, head_fusion, discard, opacity, top_k]
         results = [labels, overlay, compute_ms, verdict, explains]
-        button.click(gpu(classify), [image, model_choice, *settings], results, api_name="classify")
+        cost = COSTS.image
+        button.click(
+            compute(classify, cost("classify")),
+            [image, model_choice, *settings],
+            results,
+            api_name="classify",
+            concurrency_id=admission.COMPUTE,
+        )
         gr.on(
             [
                 method.input,
@@ -474,57 +495,82 @@ def build_ui(default_model: str) -> gr.Blocks:
                 opacity.release,
                 top_k.release,
             ],
-            gpu(rerender),
+            compute(rerender, cost("classify")),
             [image, model_choice, *settings],
             results,
             api_visibility="private",
             trigger_mode="always_last",
             show_progress="hidden",
+            concurrency_id=admission.COMPUTE,
         )
 
         ex_settings = [ex_layer, ex_head, head_fusion, discard, opacity]
         patch_outputs = [patch_attention, patch_rollout, heads_grid, patch_text]
-        gr.on([image.change, active.change], gpu(explorer_view), [image, model_choice], view, api_visibility="private")
+        gr.on(
+            [image.change, active.change],
+            compute(explorer_view, cost("view")),
+            [image, model_choice],
+            view,
+            api_visibility="private",
+            concurrency_id=admission.COMPUTE,
+        )
         view.select(
-            gpu(on_select),
+            compute(on_select, cost("explore")),
             [image, model_choice, *ex_settings],
             [view, point_x, point_y, *patch_outputs],
             api_visibility="private",
             trigger_mode="always_last",
+            concurrency_id=admission.COMPUTE,
         )
         explore_inputs = [image, model_choice, point_x, point_y, *ex_settings]
-        gr.on([point_x.submit, point_y.submit], gpu(explore), explore_inputs, patch_outputs, api_name="explore")
+        gr.on(
+            [point_x.submit, point_y.submit],
+            compute(explore, cost("explore")),
+            explore_inputs,
+            patch_outputs,
+            api_name="explore",
+            concurrency_id=admission.COMPUTE,
+        )
         gr.on(
             [ex_layer.release, ex_head.input],
-            gpu(re_explore),
+            compute(re_explore, cost("explore")),
             explore_inputs,
             patch_outputs,
             api_visibility="private",
             trigger_mode="always_last",
             show_progress="hidden",
+            concurrency_id=admission.COMPUTE,
         )
 
         compare_button.click(
-            gpu(compare),
+            compute(compare, cost("compare")),
             [image, model_choice, target, layer, head, head_fusion, discard, opacity],
             [compare_gallery, compare_table, compare_text],
             api_name="compare",
+            concurrency_id=admission.COMPUTE,
         )
         batch_button.click(
-            gpu(batch),
+            compute(batch, COSTS.batch),
             [files, model_choice, batch_method, top_k, opacity],
             [batch_gallery, batch_csv, batch_note],
             api_name="batch",
+            concurrency_id=admission.COMPUTE,
         )
         analyse_button.click(
-            gpu(inspect), model_choice, [fig_filters, fig_similarity, fig_distance, summary], api_name="inspect"
+            compute(inspect, COSTS.inspect),
+            model_choice,
+            [fig_filters, fig_similarity, fig_distance, summary],
+            api_name="inspect",
+            concurrency_id=admission.COMPUTE,
         )
 
+        # The model picker waits for a load on the loader's threads (bounded by --max-model-mb and
+        # --max-loaded-mb): gated, but outside the compute group, so a slow download holds no compute slot.
         model_outputs = [status, facts, target, layer, head, ex_layer, ex_head, method, active, model_choice]
-        model_choice.change(on_model_change, [model_choice, active], model_outputs, api_visibility="private")
-        demo.load(
-            lambda choice: _model_updates(choice)[:-1], model_choice, model_outputs[:-1], api_visibility="private"
+        model_choice.change(
+            GATE.admit(on_model_change, COSTS.small), [model_choice, active], model_outputs, api_visibility="private"
         )
+        demo.load(GATE.admit(_startup_updates, COSTS.small), model_choice, model_outputs[:-1], api_visibility="private")
     return demo
 
 
@@ -549,6 +595,25 @@ def main() -> None:
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--share", action="store_true", help="create a public gradio.live link")
     p.add_argument("--concurrency", type=int, default=1, help="requests computed at once (one GPU: 1)")
+    g = p.add_argument_group("limits for a public server")
+    g.add_argument(
+        "--max-memory",
+        type=int,
+        default=None,
+        metavar="MB",
+        help=f"memory the server may use, requests included (default: {admission.DEFAULT_SHARE:.0%} of the "
+        "container's limit, else of the machine's memory)",
+    )
+    g.add_argument(
+        "--max-wait", type=float, default=10.0, help="seconds a request waits for memory before 'busy' (default 10)"
+    )
+    g.add_argument("--max-file-mb", type=int, default=64, help="largest upload, per file (default 64)")
+    g.add_argument(
+        "--per-client",
+        type=int,
+        default=4,
+        help="requests one session may have waiting or computing (one address: 4 times as many; default 4)",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -557,14 +622,28 @@ def main() -> None:
     )
     add_arguments(p)
     args = p.parse_args()
+    if min(args.concurrency, args.max_file_mb, args.per_client, args.max_memory or 1) < 1 or args.max_wait < 0:
+        raise SystemExit("--concurrency, --max-memory, --max-file-mb and --per-client must be >= 1, --max-wait >= 0")
     limit_arenas()
     setup(args.model, args.device, args.threads, configure(args))
+    global GATE
+    GATE = admission.Gate(None if args.max_memory is None else args.max_memory * admission.MB, args.max_wait)
     demo = build_ui(MODELS.default)
-    demo.queue(default_concurrency_limit=args.concurrency, max_size=64)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS)
+    demo.queue(default_concurrency_limit=args.concurrency, max_size=QUEUE_SIZE)
+    admission.ClientLimits(args.per_client, 4 * args.per_client).install(demo)
+    print(f"memory budget {GATE.max_memory / admission.MB:,.0f} MB, uploads at most {args.max_file_mb} MB", flush=True)
+    demo.launch(
+        server_name=args.host,
+        server_port=args.port,
+        share=args.share,
+        css=CSS,
+        max_file_size=args.max_file_mb * admission.MB,
+    )
 
 
 MODELS: Models = Models(torch.device("cpu"))
+GATE = admission.Gate()  # main() sets it from the options
+COSTS = admission.Costs(lambda choice: MODELS.loaded(choice), lambda: MODELS.device, len(EXAMPLES))
 
 if __name__ == "__main__":
     main()
