@@ -24,6 +24,7 @@ from pathlib import Path
 
 import gradio as gr
 import torch
+from fastapi.middleware import Middleware
 from gradio import image_utils
 from gradio.data_classes import FileData
 from PIL import Image
@@ -632,12 +633,14 @@ def main() -> None:
     demo.queue(default_concurrency_limit=args.concurrency, max_size=QUEUE_SIZE)
     admission.ClientLimits(args.per_client, 4 * args.per_client).install(demo)
     print(f"memory budget {GATE.max_memory / admission.MB:,.0f} MB, uploads at most {args.max_file_mb} MB", flush=True)
+    upload_limit = max(args.max_file_mb * admission.MB, batch_mode.MAX_TOTAL_BYTES)  # one upload, all its files
     demo.launch(
         server_name=args.host,
         server_port=args.port,
         share=args.share,
         css=CSS,
         max_file_size=args.max_file_mb * admission.MB,
+        app_kwargs={"middleware": [Middleware(admission.UploadLimits, max_bytes=upload_limit)]},
     )
 
 

@@ -345,6 +345,23 @@ def test_uploads_over_the_limit_are_refused_as_they_arrive(server):
     assert r.status_code == 413 and "maximum allowed size of 67108864 bytes" in r.text
 
 
+def _headers_only(url: str, headers: str) -> str:
+    """Send a POST to the upload route with these headers and no body; the status line of the answer."""
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(f"POST /gradio_api/upload HTTP/1.1\r\nHost: {host}\r\n{headers}\r\n".encode())
+        return s.recv(4096).decode().splitlines()[0]
+
+
+def test_uploads_too_large_or_of_unknown_length_are_refused_from_their_headers(server):
+    """An upload declaring 1 GB is refused before a byte of it is sent (the batch reads 256 MB at most); one
+    that does not declare its length at all (chunked) too."""
+    _, _, url = server
+    form = "Content-Type: multipart/form-data; boundary=x\r\n"
+    assert _headers_only(url, form + f"Content-Length: {1 << 30}\r\n").startswith("HTTP/1.1 413")
+    assert _headers_only(url, form + "Transfer-Encoding: chunked\r\n").startswith("HTTP/1.1 411")
+
+
 def test_inspect_shows_figure_7_and_the_model_summary(server):
     _, client, _ = server
     filters, similarity, distance, summary = client.predict(api_name="/inspect")

@@ -20,6 +20,9 @@ fill the queue (100 requests from one client: the next person was refused, or wa
   when they join the queue ("you have N requests waiting"), so one client never fills it. The queue is
   served round robin by client: a request joins behind the requests that are as many places into their own
   client's line as it is into its own, so a newcomer waits for at most one request of each other client.
+- **Bounded uploads** (``UploadLimits``, with Gradio's own ``max_file_size`` per file). An upload must declare
+  its length, at most ``max_bytes`` in all, and leave ``MIN_FREE_DISK`` free on the disk it goes to; it is
+  refused from its headers, before a byte of it is read.
 
 **The estimate**, in bytes above the idle RSS: ``REQUEST_BYTES + max(decoding, after)``, the upload being
 decoded (and its full-size pixels freed) before the model runs and the pictures are drawn. Each part was
@@ -48,6 +51,8 @@ import functools
 import inspect
 import math
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -91,6 +96,7 @@ BATCH_IMAGES = 64  # RISE's and deletion/insertion's batches of masked images (`
 TRIM_ABOVE = 64 * MB  # requests estimated at this or more hand their freed memory back when they finish
 IDLE_SECONDS = 2.0  # quiet after a large request before a full garbage collection
 INSPECT_BYTES = 64 * MB  # the Inspect tab's matplotlib figures
+MIN_FREE_DISK = 1 << 30  # uploads that would leave less free on their disk are refused
 
 # ------------------------------------------------------------------------------------------ the budget
 
@@ -430,3 +436,47 @@ class ClientLimits:
                 return
             depth[key] += 1
         line.queue.append(event)
+
+
+# ---------------------------------------------------------------------------------------------- uploads
+
+
+class UploadLimits:
+    """ASGI middleware for Gradio's upload route: an upload must declare its length (411), at most
+    ``max_bytes`` in all (413), and leave ``MIN_FREE_DISK`` free where Gradio stores it (507); refused from
+    its headers at once. Gradio's ``max_file_size`` bounds each file of it as the bytes arrive."""
+
+    def __init__(self, app: Callable, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+        folder = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio")
+        self.folder = next(p for p in (folder, *folder.parents) if p.exists())
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].endswith("/upload"):
+            refusal = self._refusal(dict(scope["headers"]).get(b"content-length", b""))
+            if refusal is not None:
+                status, text = refusal
+                log.info("refused an upload: %s", text)
+                body = text.encode()
+                headers = [
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"content-length", str(len(body)).encode()),
+                ]
+                await send(
+                    {"type": "http.response.start", "status": status, "headers": [*headers, (b"connection", b"close")]}
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, length: bytes) -> tuple[int, str] | None:
+        if not length.isdigit():
+            return 411, "An upload must declare its length (Content-Length)."
+        if int(length) > self.max_bytes + MB:  # the files and the form around them
+            return (
+                413,
+                f"Uploads are at most {self.max_bytes / MB:,.0f} MB at once; this one is {int(length) / MB:,.0f} MB.",
+            )
+        if shutil.disk_usage(self.folder).free - int(length) < MIN_FREE_DISK:
+            return 507, "The server's disk is nearly full; try again later."
+        return None
