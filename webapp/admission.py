@@ -161,7 +161,7 @@ class Gate:
         self._idle_rss = rss()
         self._seconds = 1.0  # moving average of how long a request computes
         self._idle = threading.Event()  # set when the server goes idle after a large request
-        threading.Thread(target=self._collect_when_idle, name="memory-release", daemon=True).start()
+        self._collector: threading.Thread | None = None  # started at the first large request
 
     def admit(self, fn: Callable, cost: Callable[[dict[str, Any]], int]) -> Callable:
         """``fn`` (a Gradio listener) behind the gate: ``cost`` gets its arguments by name and returns its
@@ -192,6 +192,12 @@ class Gate:
     def _acquire(self, cost: int) -> None:
         with self._cond:
             if self._idle_rss + cost > self.max_memory:
+                log.info(
+                    "refused: %.0f MB asked, %.0f MB idle, budget %.0f MB",
+                    cost / MB,
+                    self._idle_rss / MB,
+                    self.max_memory / MB,
+                )
                 raise Busy(
                     f"This request needs about {cost / MB:,.0f} MB of memory, more than this server has for "
                     f"one request ({max(0, self.max_memory - self._idle_rss) / MB:,.0f} MB); send a smaller "
@@ -219,6 +225,9 @@ class Gate:
             if self._count == 0:
                 self._idle_rss = rss()
                 if cost >= TRIM_ABOVE:
+                    if self._collector is None:
+                        self._collector = threading.Thread(target=self._collect_when_idle, daemon=True)
+                        self._collector.start()
                     self._idle.set()
             self._cond.notify_all()
 
