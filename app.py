@@ -602,7 +602,7 @@ def main() -> None:
         type=int,
         default=None,
         metavar="MB",
-        help=f"memory the server may use, requests included (default: {admission.DEFAULT_SHARE:.0%} of the "
+        help=f"memory the server may use, requests included (default: {admission.DEFAULT_SHARE * 100:.0f}%% of the "
         "container's limit, else of the machine's memory)",
     )
     g.add_argument(

@@ -6,6 +6,8 @@ against measured peaks of real requests, per-client limits and upload limits are
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ from webapp.admission import MB, Busy, Costs, Gate, rss
 from webapp.catalog import BUNDLED
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _write(path: Path, text: str) -> None:
@@ -162,3 +165,13 @@ def test_every_compute_listener_is_gated_and_in_one_concurrency_group():
     }
     gated = [fn for fn in demo.fns.values() if getattr(fn.fn, "__wrapped__", None) is not None]
     assert {fn.name for fn in gated} >= set(compute) | {"on_model_change", "_startup_updates"}
+
+
+def test_the_limits_are_options_of_the_app():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "app.py"), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    for option in ("--max-memory MB", "--max-wait", "--max-file-mb", "--per-client", "--concurrency"):
+        assert option in out.stdout
+    assert "80% of the container's limit" in " ".join(out.stdout.split())
