@@ -3,7 +3,8 @@
 Everything a model sees goes through ``build_transform(model.pretrained_cfg, train=...)``, so training,
 evaluation and the app resize, crop and normalise the same way (timm's ``pretrained_cfg``: input_size, mean,
 std, interpolation, crop_pct). The app opens user files with ``load_image`` (``images.py``), which refuses
-bombs and corrupt files with an ``ImageDataError`` and returns an upright "RGB" or "L" image.
+bombs and corrupt files with an ``ImageDataError`` and returns an upright "RGB" or "L" image, decoded reduced
+when asked (``max_side``); ``read_header`` says what decoding one costs before any pixel is decoded.
 
 Datasets (``build_dataset(spec, split)``, ``datasets.py``) yield ``(image, label)`` and carry ``.classes``
 (label names) and ``.targets`` (int64 tensor):
