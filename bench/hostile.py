@@ -355,14 +355,14 @@ def case_round(raw: Raw, inputs: Inputs, row: Row) -> None:
 
 def case_flood(app: App, inputs: Inputs, row: Row) -> None:
     """100 classifies from one client, another client's a second later; returns its time alone (reference)."""
-    other = Client(app.url + "/", verbose=False)
+    other = Client(app.url + "/", verbose=False, httpx_kwargs={"timeout": 120})
     alone = []
     for _ in range(3):
         t0 = time.perf_counter()
         other.predict(handle_file(str(inputs.unique_cat())), api_name="/classify")
         alone.append(time.perf_counter() - t0)
     reference = sorted(alone)[1]
-    flooder = Client(app.url + "/", verbose=False, max_workers=100)
+    flooder = Client(app.url + "/", verbose=False, max_workers=100, httpx_kwargs={"timeout": 120})
     photos = [inputs.unique_cat() for _ in range(100)]
     jobs = [flooder.submit(handle_file(str(p)), api_name="/classify") for p in photos]
     time.sleep(1.0)
