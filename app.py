@@ -22,13 +22,19 @@ import argparse
 
 import gradio as gr
 import torch
+from fastapi.middleware import Middleware
 
+from webapp.admission import DEFAULT_SHARE, MB, Gate
+from webapp.batch import MAX_TOTAL_BYTES
 from webapp.memory import limit_arenas
 from webapp.models import Models
 from webapp.options import Options, add_arguments, configure
+from webapp.queueing import ClientLimits, UploadLimits
 from webapp.ui import batch, classify, compare, explore, inspect, picker
 from webapp.ui.context import Context
 
+QUEUE_SIZE = 64  # requests waiting at once, all clients together
+DELETE_CACHE = (300, 900)  # every 5 minutes, delete uploads and outputs older than 15 minutes
 CSS = """
 .verdict p { font-size: 1.6rem; font-weight: 600; margin: 0; }
 #summary table { word-break: normal; overflow-wrap: normal; hyphens: none; }
@@ -46,7 +52,7 @@ CSS = """
 
 def build_ui(ctx: Context) -> gr.Blocks:
     """The page: the model picker, then one tab per module of ``webapp.ui``, starting on the startup model."""
-    with gr.Blocks(title="Vision Transformer: where did it look?", delete_cache=(3600, 3600)) as demo:
+    with gr.Blocks(title="Vision Transformer: where did it look?", delete_cache=DELETE_CACHE) as demo:
         gr.Markdown(
             "## Where did the Vision Transformer look?\n"
             "Classify an image, see which patches the prediction drew on, click a patch to see where it "
@@ -88,6 +94,23 @@ def main() -> None:
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--share", action="store_true", help="create a public gradio.live link")
     p.add_argument("--concurrency", type=int, default=1, help="requests computed at once (one GPU: 1)")
+    g = p.add_argument_group("limits for a public server (webapp.admission, webapp.queueing)")
+    g.add_argument(
+        "--max-memory",
+        type=int,
+        default=None,
+        metavar="MB",
+        help=f"memory the server may use, requests included (default: {DEFAULT_SHARE * 100:.0f}%% of the "
+        "container's limit, else of the machine's memory)",
+    )
+    g.add_argument("--max-wait", type=float, default=10.0, help="seconds a request waits for memory before 'busy'")
+    g.add_argument("--max-file-mb", type=int, default=64, help="largest upload, per file (default 64)")
+    g.add_argument(
+        "--per-client",
+        type=int,
+        default=4,
+        help="requests one session may have waiting or computing (one address: 4 times as many; default 4)",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -96,11 +119,24 @@ def main() -> None:
     )
     add_arguments(p)
     args = p.parse_args()
+    if min(args.concurrency, args.max_file_mb, args.per_client, args.max_memory or 1) < 1 or args.max_wait < 0:
+        raise SystemExit("--concurrency, --max-memory, --max-file-mb and --per-client must be >= 1, --max-wait >= 0")
     limit_arenas()
     ctx = setup(args.model, args.device, args.threads, configure(args))
+    ctx.gate = Gate(None if args.max_memory is None else args.max_memory * MB, args.max_wait)
     demo = build_ui(ctx)
-    demo.queue(default_concurrency_limit=args.concurrency, max_size=64)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS)
+    demo.queue(default_concurrency_limit=args.concurrency, max_size=QUEUE_SIZE)
+    ClientLimits(args.per_client, 4 * args.per_client).install(demo)
+    print(f"memory budget {ctx.gate.max_memory / MB:,.0f} MB, uploads at most {args.max_file_mb} MB", flush=True)
+    upload_limit = max(args.max_file_mb * MB, MAX_TOTAL_BYTES)  # one upload, all its files
+    demo.launch(
+        server_name=args.host,
+        server_port=args.port,
+        share=args.share,
+        css=CSS,
+        max_file_size=args.max_file_mb * MB,
+        app_kwargs={"middleware": [Middleware(UploadLimits, max_bytes=upload_limit)]},
+    )
 
 
 if __name__ == "__main__":

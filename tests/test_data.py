@@ -31,8 +31,12 @@ from vit_core.data import (
     check_augment,
     default_data_root,
     load_image,
+    read_header,
     to_model_mode,
 )
+from vit_core.data.images import target_size
+
+from .rss import peak_of
 
 DATA = default_data_root()
 
@@ -594,3 +598,68 @@ def test_crop_box_is_the_region_the_eval_transform_keeps():
     assert build_transform({**cfg, "crop_mode": "squash", "crop_pct": 1.0}).crop_box(w, h) == (0.0, 0.0, w, h)
     left, top, right, bottom = build_transform({**cfg, "crop_mode": "squash"}).crop_box(w, h)
     assert right - left == pytest.approx(0.875 * w, abs=2) and bottom - top == pytest.approx(0.875 * h, abs=2)
+
+
+# ------------------------------------------------------------------------------- reduced decoding
+
+
+def _smooth(w: int, h: int) -> Image.Image:
+    """A photo-like image (smooth gradients and edges), where reduced decoding and resizing agree closely."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    r = 127 + 127 * np.sin(x / w * 6.3)
+    g = 127 + 127 * np.cos(y / h * 4.1)
+    b = np.where((x - w / 2) ** 2 + (y - h / 2) ** 2 < (h / 3) ** 2, 230.0, 40.0)
+    return Image.fromarray(np.stack([r, g, b], -1).astype(np.uint8))
+
+
+def test_the_header_gives_the_cost_before_any_pixel_is_decoded():
+    bomb = read_header(_png_header(9000, 5000), max_pixels=50_000_000)  # no pixel data at all: never decoded
+    assert (bomb.size, bomb.format, bomb.mode, bomb.pixels) == ((9000, 5000), "PNG", "L", 45_000_000)
+    assert bomb.decode_bytes() == 1 * 45_000_000 + 28 * 45_000_000  # gray: 1 byte a pixel, and the result
+    assert target_size((9000, 5000), 2048) == (2048, 1138)
+    assert target_size((20000, 100), 2048, 256) == (20000, 100)  # never enlarged; the short side is kept
+    assert target_size((20000, 1000), 2048, 256) == (5120, 256)  # the model's short side wins over max_side
+    with pytest.raises(ImageDataError, match="limit of 1,000"):
+        read_header(_png_header(100, 100), max_pixels=1000)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated: the header's size is the upright one
+    rotated = read_header(_encode(_noise(40, 20), "JPEG", exif=exif.tobytes()))
+    assert rotated.size == (20, 40) and rotated.format == "JPEG"
+    # JPEG decodes at the largest DCT scale (1/2, 1/4, 1/8) still at least the target, as Pillow's draft
+    jpeg = read_header(_encode(_noise(4000, 3000), "JPEG"))
+    assert jpeg.decoded_size(1000) == (1000, 750) and jpeg.decoded_size(1500) == (2000, 1500)
+    assert jpeg.decoded_size(2048) == jpeg.decoded_size() == (4000, 3000)  # half would be under 2048: full
+    assert read_header(_encode(_noise(40, 30), "PNG")).decoded_size(10) == (40, 30)  # other formats: full size
+
+
+@pytest.mark.parametrize(
+    ("fmt", "mode"), [("JPEG", "RGB"), ("PNG", "RGB"), ("PNG", "RGBA"), ("PNG", "P"), ("PNG", "I;16")]
+)
+def test_large_images_are_decoded_reduced(fmt, mode):
+    """A 4000x3000 image with max_side 1000 comes back 1000x750, as close to the full decode resized (the
+    reference) as resampling allows, upright and converted as at full size; its peak memory is what the
+    header's estimate says, and for JPEG (decoded at 1/4 scale) a small part of the full decode's 48 MB."""
+    full = _smooth(4000, 3000)
+    src = {"RGBA": full.convert("RGBA"), "P": full.convert("P"), "I;16": full.convert("L")}.get(mode, full)
+    if mode == "I;16":
+        src = Image.fromarray(np.asarray(src).astype(np.uint16) * 257)
+    data = _encode(src, fmt, **({"quality": 95} if fmt == "JPEG" else {"compress_level": 1}))
+    header = read_header(data)
+    img, peak = peak_of(lambda: load_image(data, max_side=1000))
+    reference = load_image(data).resize((1000, 750), Image.BICUBIC)
+    assert img.size == (1000, 750) and img.mode == reference.mode
+    diff = np.abs(np.asarray(img, dtype=np.float32) - np.asarray(reference, dtype=np.float32))
+    assert diff.mean() < 1.5 and np.percentile(diff, 99) < 12, (diff.mean(), np.percentile(diff, 99))
+    assert peak <= 1.1 * header.decode_bytes(1000) + (4 << 20), (peak >> 20, header.decode_bytes(1000) >> 20)
+    if fmt == "JPEG":
+        assert header.decoded_size(1000) == (1000, 750) and peak < 12 << 20  # 48 MB at full size
+    assert load_image(data, max_side=5000).size == (4000, 3000)  # small enough: as before
+
+
+def test_reduced_decoding_keeps_the_models_short_side_and_the_orientation():
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    data = _encode(_smooth(3000, 200), "JPEG", exif=exif.tobytes())
+    img = load_image(data, max_side=1000, min_side=100)
+    assert img.size == (100, 1500)  # upright 200x3000, halved: the short side stays >= 100
+    assert load_image(data).size == (200, 3000)

@@ -410,15 +410,16 @@ def test_resume_guards(tmp_path):
 
 
 def test_out_folder_guards(tmp_path):
-    """A run never writes into a folder of other files, or over a finished run, unless told to
-    (``overwrite``, which keeps the other files); temporary files of a killed save are removed."""
+    """A run never writes into a folder with files in it unless told to (``overwrite``, which replaces a run's
+    own files and keeps every other, an earlier evaluation included); temporary files of a killed save are
+    removed."""
     data = make_image_folder(tmp_path / "data")
     recipe = tiny_recipe(data, epochs=1)
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
     (mine / "model.safetensors").write_bytes(b"someone else's weights")
-    with pytest.raises(RecipeError, match=r"is not a training run's folder \(it holds model.safetensors, notes.txt\)"):
+    with pytest.raises(RecipeError, match=r"is not empty \(it holds model.safetensors, notes.txt\)"):
         train(recipe, mine, progress=False)
     assert sorted(p.name for p in mine.iterdir()) == ["model.safetensors", "notes.txt"]
     with pytest.raises(RecipeError, match="is a file, not a folder"):
@@ -430,7 +431,7 @@ def test_out_folder_guards(tmp_path):
     # a finished run: refused, then started again with overwrite (the old run's files replaced)
     with pytest.raises(RecipeError, match="already holds a run; pass --resume to continue it, --overwrite"):
         train(recipe, mine, progress=False)
-    (mine / "eval_test.json").write_text("{}")  # an evaluation of the old model
+    (mine / "eval_test.json").write_text("{}")  # an evaluation of the old model: not the run's to delete
     (mine / ".checkpoint.pt.tmp").write_bytes(b"half a checkpoint")  # a kill while saving
     history = train(recipe | {"lr": 1e-3}, mine, overwrite=True, progress=False).history
     assert len(history) == 1 and json.loads((mine / "recipe.json").read_text())["lr"] == 1e-3
@@ -438,6 +439,7 @@ def test_out_folder_guards(tmp_path):
         "checkpoint.pt",
         "config.json",
         "curves.png",
+        "eval_test.json",
         "metrics.jsonl",
         "model.safetensors",
         "notes.txt",

@@ -186,10 +186,37 @@ def test_out_that_is_not_a_run_folder(capsys, tmp_path):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "thesis.tex").write_text("years of work")
     err = cli_error(capsys, "--data", str(data), "--out", str(tmp_path / "r"), *ONE_TINY_EPOCH)
-    assert "is not a training run's folder (it holds thesis.tex)" in err and "--overwrite" in err
+    assert "is not empty (it holds thesis.tex)" in err and "--overwrite" in err
     assert main(["--data", str(data), "--out", str(tmp_path / "r"), *ONE_TINY_EPOCH, "--overwrite"]) == 0
     assert (tmp_path / "r" / "thesis.tex").read_text() == "years of work"
     assert (tmp_path / "r" / "checkpoint.pt").is_file()
+
+
+def test_out_with_files_is_refused_whether_or_not_it_holds_a_checkpoint(capsys, tmp_path):
+    """A copy of a model folder (a run's files without checkpoint.pt), a foreign recipe.json, a run killed in
+    its first epoch: each refused unless --overwrite, and nothing in it touched; --overwrite replaces a run's
+    own files and deletes none it did not write (an earlier evaluation stays)."""
+    data = make_image_folder(tmp_path / "data")
+    bundle = tmp_path / "copy_of_a_model"
+    bundle.mkdir()
+    for name in ("recipe.json", "config.json", "model.safetensors", "metrics.jsonl", "eval_test.json"):
+        (bundle / name).write_text(f"the bundle's {name}")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "recipe.json").write_text('{"mine": 1}')
+    for folder in (bundle, foreign):
+        before = {p.name: p.read_text() for p in folder.iterdir()}
+        err = cli_error(capsys, "--data", str(data), "--out", str(folder), *ONE_TINY_EPOCH)
+        assert "--overwrite" in err and str(folder) in err
+        assert {p.name: p.read_text() for p in folder.iterdir()} == before  # nothing written, nothing deleted
+    assert "never finished an epoch" in cli_error(capsys, "--data", str(data), "--out", str(foreign), *ONE_TINY_EPOCH)
+    assert "is not empty (it holds config.json, eval_test.json" in cli_error(
+        capsys, "--data", str(data), "--out", str(bundle), *ONE_TINY_EPOCH
+    )
+    assert main(["--data", str(data), "--out", str(bundle), *ONE_TINY_EPOCH, "--overwrite"]) == 0
+    assert (bundle / "eval_test.json").read_text() == "the bundle's eval_test.json"  # not this run's to delete
+    assert json.loads((bundle / "recipe.json").read_text())["epochs"] == 1  # the run's own files replaced
+    assert (bundle / "checkpoint.pt").is_file() and (bundle / "metrics.jsonl").read_text().startswith("{")
 
 
 def test_full_disk_is_one_line(capsys, tmp_path, monkeypatch):

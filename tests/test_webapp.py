@@ -4,6 +4,7 @@ the settings checks, batch uploads (zip safety included), and what the app says 
 from __future__ import annotations
 
 import io
+import struct
 import zipfile
 from pathlib import Path
 
@@ -13,10 +14,12 @@ from PIL import Image, ImageOps
 
 import vit_core
 from vit_core import explain, methods
-from vit_core.data import build_transform
+from vit_core.data import build_transform, load_image, read_header
 from webapp import analysis, batch, comparison, explorer, model_info, settings
 from webapp.analysis import Analysis, AnalysisCache, analyse
 from webapp.settings import Settings, parse_settings
+
+from .rss import peak_of
 
 CPU = torch.device("cpu")
 
@@ -277,6 +280,10 @@ def _png_bytes(colour="red") -> bytes:
     return buf.getvalue()
 
 
+def _read(paths: list) -> list[tuple[batch.Item, bytes | None]]:
+    return list(batch.read_uploads([str(p) for p in paths]))
+
+
 def test_batch_reads_images_and_zips_safely(tmp_path):
     archive = tmp_path / "photos.zip"
     with zipfile.ZipFile(archive, "w") as z:
@@ -288,15 +295,14 @@ def test_batch_reads_images_and_zips_safely(tmp_path):
         z.writestr("folder/", b"")
     single = tmp_path / "single.png"
     single.write_bytes(_png_bytes("green"))
-    items = batch.read_uploads([str(archive), str(single)])
-    assert [i.name for i in items] == [
+    read = _read([archive, single])
+    assert [i.name for i, _ in read] == [
         "photos.zip/a/one.png",
         "photos.zip/../../escape.png",
         "photos.zip/broken.jpg",
         "single.png",
     ]
-    assert [i.image is not None for i in items] == [True, True, False, True]
-    assert "photos.zip/broken.jpg" in items[2].error
+    assert [data for _, data in read] == [_png_bytes(), _png_bytes("blue"), b"not really a jpeg", _png_bytes("green")]
     assert not (tmp_path.parent / "escape.png").exists()
     with pytest.raises(ValueError, match="Upload"):
         batch.read_uploads([])
@@ -304,12 +310,32 @@ def test_batch_reads_images_and_zips_safely(tmp_path):
     model = _model(label_names=("a", "b", "c", "d", "e"))
     tf = build_transform(model.pretrained_cfg)
     with pytest.raises(ValueError, match="RISE .* is on the Classify tab"):
-        batch.classify_batch(model, tf, items, Settings(method=methods.RISE), CPU)
-    gallery = batch.classify_batch(model, tf, items, Settings(method=batch.batchable()[0]), CPU)
+        batch.classify_batch(model, tf, [str(archive)], Settings(method=methods.RISE), CPU)
+    items, gallery = batch.classify_batch(
+        model, tf, [str(archive), str(single)], Settings(method=batch.batchable()[0]), CPU
+    )
+    assert [i.probs is not None for i in items] == [True, True, False, True]
+    assert "photos.zip/broken.jpg" in items[2].error and "not an image" in items[2].error
     assert len(gallery) == 3 and gallery[0][1].startswith("photos.zip/a/one.png: ")
     rows = batch.write_csv(items, list(model.label_names), top_k=2).read_text().splitlines()
     assert rows[0] == "file,prediction,unsure,class_1,p_1,class_2,p_2,error"
     assert len(rows) == 5 and rows[3].startswith("photos.zip/broken.jpg,,,") and "not an image" in rows[3]
+
+
+@pytest.mark.parametrize("method", batch.batchable(), ids=lambda m: m.key)
+def test_batch_results_are_the_classify_tabs(tmp_path, method):
+    """Each image of a batch (decoded reduced, a chunk per forward pass) gets the probabilities and the map
+    the Classify tab computes for it alone; a large image too (the reference decodes it at full size)."""
+    model = _model(label_names=("a", "b", "c", "d", "e"))
+    tf = build_transform(model.pretrained_cfg)
+    paths = [_photo(tmp_path, size, f"p{i}.png") for i, size in enumerate([(90, 60), (1500, 900), (40, 70)])]
+    items, gallery = batch.classify_batch(model, tf, paths, Settings(method=method), CPU)
+    for item, path, (overlay, caption) in zip(items, paths, gallery, strict=True):
+        reference = torch.stack([tf(load_image(path))])
+        with torch.no_grad():
+            expected = analysis.mirror_mean(model(reference), model(reference.flip(-1)))[0]
+        torch.testing.assert_close(item.probs, expected, atol=0.02, rtol=0)  # large: a reduced decode
+        assert max(overlay.size) <= batch.THUMB and caption.startswith(Path(path).name)
 
 
 def test_batch_caps_images_and_bytes(tmp_path, monkeypatch):
@@ -317,9 +343,9 @@ def test_batch_caps_images_and_bytes(tmp_path, monkeypatch):
     with zipfile.ZipFile(many, "w") as z:
         for i in range(batch.MAX_IMAGES + 5):
             z.writestr(f"{i}.png", _png_bytes())
-    items = batch.read_uploads([str(many)])
-    assert sum(i.image is not None for i in items) == batch.MAX_IMAGES
-    assert "at most" in items[-1].error
+    read = _read([many])
+    assert sum(data is not None for _, data in read) == batch.MAX_IMAGES
+    assert "at most" in read[-1][0].error
 
     # A bomb: 64 MB of zeros deflates to about 64 KB; the declared size is over the per-image limit.
     monkeypatch.setattr(batch, "MAX_IMAGE_BYTES", 1 << 20)
@@ -327,8 +353,8 @@ def test_batch_caps_images_and_bytes(tmp_path, monkeypatch):
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("zeros.png", bytes(64 << 20))
     assert bomb.stat().st_size < 1 << 20
-    (item,) = batch.read_uploads([str(bomb)])
-    assert item.image is None and "uncompressed" in item.error
+    ((item, data),) = _read([bomb])
+    assert data is None and "uncompressed" in item.error
 
     # A member whose header understates its size is cut off while reading, not trusted.
     liar = tmp_path / "liar.zip"
@@ -339,9 +365,69 @@ def test_batch_caps_images_and_bytes(tmp_path, monkeypatch):
         at = data.index(sig)
         data[at + offset : at + offset + 4] = (1000).to_bytes(4, "little")
     liar.write_bytes(bytes(data))
-    (item,) = batch.read_uploads([str(liar)])
-    assert item.image is None and item.error
+    ((item, data),) = _read([liar])
+    assert data is None and item.error
 
-    monkeypatch.setattr(batch, "MAX_MEMBERS", 3)
-    (item,) = batch.read_uploads([str(many)])
-    assert "entries" in item.error
+
+def _end_records(entries: int, directory: int, start: int) -> bytes:
+    """A zip's ZIP64 end records declaring ``entries`` entries in a ``directory``-byte directory at ``start``."""
+    record = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries, directory, start)
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, start, 1)
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return record + locator + end
+
+
+def test_a_zip_bomb_by_entry_count_is_refused_without_reading_its_directory(tmp_path, monkeypatch):
+    """The entry count comes from the end-of-central-directory record (ZIP64's past 65,535 entries), read
+    first: the counts agree with zipfile's, and an archive over ``MAX_MEMBERS`` (a real one, and one that only
+    declares a million entries) is refused before zipfile would read its directory."""
+    small = tmp_path / "small.zip"
+    with zipfile.ZipFile(small, "w") as z:
+        for i in range(3):
+            z.writestr(f"{i}.png", _png_bytes())
+    with zipfile.ZipFile(small) as z:
+        assert batch.zip_directory(small) == (3, sum(46 + len(i.filename) for i in z.infolist()))
+    many = tmp_path / "many.zip"
+    with zipfile.ZipFile(many, "w") as z:
+        for i in range(batch.MAX_MEMBERS + 1):
+            z.writestr(f"{i}", b"")
+    declared = tmp_path / "declared.zip"
+    declared.write_bytes(_end_records(1_000_000, 88_000_000, 0))  # 76 bytes that declare a million entries
+    assert batch.zip_directory(many)[0] == batch.MAX_MEMBERS + 1 and batch.zip_directory(declared)[0] == 1_000_000
+    not_a_zip = tmp_path / "not.zip"
+    not_a_zip.write_bytes(b"PK\x03\x04 and nothing else")
+    assert batch.zip_directory(not_a_zip) is None
+
+    def unread(*args, **kwargs):
+        raise AssertionError("the directory was read")
+
+    monkeypatch.setattr(zipfile, "ZipFile", unread)
+    for archive, count in ((many, "10,001 entries"), (declared, "1,000,000 entries")):
+        ((item, data),) = _read([archive])
+        assert data is None and "refused unread" in item.error and count in item.error
+
+
+def test_a_batch_decodes_one_image_at_a_time_within_its_budgets(tmp_path, monkeypatch):
+    """Eight 2000x2000 PNGs: the batch's peak memory is about one image's decode, not eight; an image over
+    the per-image decoding budget, or past the batch's pixel budget, is skipped with the reason."""
+    model = _model()
+    tf = build_transform(model.pretrained_cfg)
+    buf = io.BytesIO()
+    Image.new("RGB", (2000, 2000), (30, 200, 90)).save(buf, "PNG")
+    archive = tmp_path / "eight.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for i in range(8):
+            z.writestr(f"{i}.png", buf.getvalue())
+    one = read_header(buf.getvalue()).decode_bytes(batch.THUMB, analysis.needed_side(tf))  # 20 MB
+    rollout = Settings(method=methods.ROLLOUT)
+    batch.classify_batch(model, tf, [str(archive)], rollout, CPU)  # warm up: first-use allocations
+    (items, gallery), peak = peak_of(lambda: batch.classify_batch(model, tf, [str(archive)], rollout, CPU))
+    assert len(gallery) == 8 and all(i.probs is not None for i in items)
+    assert peak < 3 * one, (peak >> 20, one >> 20)  # all eight held at once: 8 x 16 MB decoded, and more
+
+    monkeypatch.setattr(batch, "MAX_DECODED_PIXELS", 3 * 2000 * 2000)
+    items, gallery = batch.classify_batch(model, tf, [str(archive)], Settings(method=methods.ROLLOUT), CPU)
+    assert len(gallery) == 3 and all("more than the batch has left" in i.error for i in items[3:])
+    monkeypatch.setattr(batch, "MAX_DECODE_BYTES", one - 1)
+    items, gallery = batch.classify_batch(model, tf, [str(archive)], Settings(method=methods.ROLLOUT), CPU)
+    assert not gallery and "classify it on its own" in items[0].error

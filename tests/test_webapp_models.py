@@ -308,6 +308,11 @@ def test_the_cache_is_bounded_by_count_and_bytes_least_recently_used_first(tmp_p
     for f in folders[1:]:
         tight.get(f, wait=30)
     assert len(tight._loaded) == 2 and tight.key_of(folders[0]) in tight._loaded  # the startup model stays
+    # what a request's memory estimate asks: loaded or not, without loading or logging anything
+    assert tight.loaded(folders[1]) is None and tight.key_of(folders[1]) not in tight._loading
+    model, transform = tight.loaded(folders[0])
+    assert (model, transform) == tight.get(folders[0])
+    assert Models(CPU, Options(public=True)).loaded("/etc") is None  # refused: None, not an error
 
 
 def test_a_slow_load_does_not_hold_up_other_requests(hub, monkeypatch):

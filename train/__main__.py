@@ -54,7 +54,7 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="start a new run in an --out that holds a run or other files (run files replaced, others kept)",
+        help="start a new run in an --out that is not empty: a run's own files are replaced, every other file kept",
     )
     p.add_argument("--stop-after", type=int, metavar="N", help="stop after epoch N (resume later)")
     p.add_argument("--data", help="dataset: mnist | fashion-mnist | cifar10 | a folder | hf:<name>")
@@ -152,7 +152,11 @@ def run_train(argv: list[str]) -> None:
         print(f"\ninterrupted; continue with: {resume}", file=sys.stderr)
         raise SystemExit(130) from None
     except DiskFullError as e:
-        then = f"continue with: {resume}" if (Path(args.out) / CHECKPOINT_NAME).is_file() else "start it again"
+        then = (
+            f"continue with: {resume}"
+            if (Path(args.out) / CHECKPOINT_NAME).is_file()
+            else "start it again with --overwrite"
+        )
         raise DiskFullError(f"{e}; free some space, then {then}") from None
     if args.push_to_hub and int(os.environ.get("RANK", "0")) == 0:
         from vit_core.hub import push_to_hub

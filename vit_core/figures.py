@@ -16,6 +16,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image
 
+OVERLAY_ROWS = 64  # rows ``overlay`` blends at a time
+
 
 def _render(fig: Figure) -> Image.Image:
     canvas = FigureCanvasAgg(fig)
@@ -63,10 +65,16 @@ def overlay(
     lo, hi = float(m.min()), float(m.max())
     m = (m - lo) / (hi - lo) if hi > lo else np.zeros_like(m)
     m = np.asarray(Image.fromarray(m.astype(np.float32)).resize(image.size, Image.BICUBIC))
-    colour = colormaps[colormap](np.clip(m, 0.0, 1.0))[..., :3]
-    rgb = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
-    out = (1.0 - alpha) * rgb + alpha * colour
-    return Image.fromarray(np.round(out * 255.0).astype(np.uint8))
+    cmap, (w, h) = colormaps[colormap], image.size
+    out = np.empty((h, w, 3), dtype=np.uint8)
+    # A band of rows at a time, with the same arithmetic as on the whole image: the float temporaries (about
+    # 80 bytes a pixel) stay the size of one band, so a large picture costs its 3 bytes a pixel and little more.
+    for top in range(0, h, OVERLAY_ROWS):
+        band = slice(top, min(top + OVERLAY_ROWS, h))
+        colour = cmap(np.clip(m[band], 0.0, 1.0))[..., :3]
+        rgb = np.asarray(image.crop((0, band.start, w, band.stop)).convert("RGB"), dtype=np.float32) / 255.0
+        out[band] = np.round(((1.0 - alpha) * rgb + alpha * colour) * 255.0).astype(np.uint8)
+    return Image.fromarray(out)
 
 
 def embedding_filters_figure(

@@ -12,7 +12,8 @@ An epoch's files are all written to temporary names (``.<name>.tmp``) first, the
 ``checkpoint.pt`` first. A kill before that rename leaves the previous epoch's files; a kill between the
 renames leaves files that are one epoch behind the checkpoint, which ``stale_files`` tells apart by the
 epoch each records, and a resume rewrites them from the checkpoint. ``prepare`` removes the temporary
-files a killed run leaves behind. Nothing here ever deletes a file that is not a run's own.
+files a killed run leaves behind. A new run starts only in an empty folder, unless told to overwrite; even
+then nothing here deletes a file that a run does not write.
 """
 
 from __future__ import annotations
@@ -42,10 +43,9 @@ CHECKPOINT_NAME = "checkpoint.pt"
 METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
 
-_NAMES = "|".join(map(re.escape, (RECIPE_NAME, CHECKPOINT_NAME, WEIGHTS_NAME, CONFIG_NAME, METRICS_NAME, CURVES_NAME)))
-# What a run writes, ``python -m train eval`` included; a run folder holds recipe.json and only these.
-_RUN_FILES = rf"(?:{_NAMES}|eval_[\w-]+\.json|confusion_[\w-]+\.png)"
-_RUN_FILE = re.compile(_RUN_FILES)
+_WRITTEN = (RECIPE_NAME, CHECKPOINT_NAME, WEIGHTS_NAME, CONFIG_NAME, METRICS_NAME, CURVES_NAME)  # by a run
+# What a run writes, ``python -m train eval`` included.
+_RUN_FILES = rf"(?:{'|'.join(map(re.escape, _WRITTEN))}|eval_[\w-]+\.json|confusion_[\w-]+\.png)"
 # Their temporary files: ``.<name>.tmp`` (``commit``) and ``.<name>.<random>.tmp`` (``checkpoint.atomic_write``).
 _TEMP_FILE = re.compile(rf"\.{_RUN_FILES}\.(?:.*\.)?tmp")
 
@@ -59,9 +59,9 @@ class DiskFullError(OSError):
 def check_out(out: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse a folder a run must not write, with a ``RecipeError`` that says what to do instead.
 
-    Resuming needs ``checkpoint.pt``. A new run takes a missing or empty folder, or a run folder (``recipe.json``
-    and nothing but run files) whose run never finished an epoch; one holding a finished epoch, or any
-    file that is not a run's, is refused unless ``overwrite``.
+    Resuming needs ``checkpoint.pt``. A new run takes a missing or empty folder; any folder with something in
+    it is refused unless ``overwrite``, whatever it holds: a run (with or without its checkpoint: a copy of
+    a model folder holds the same files), or anything else.
     """
     if out.exists() and not out.is_dir():
         raise RecipeError(f"--out {out} is a file, not a folder")
@@ -71,26 +71,32 @@ def check_out(out: Path, *, resume: bool, overwrite: bool) -> None:
         return
     if overwrite or not out.is_dir():
         return
-    names = sorted(p.name for p in out.iterdir() if not _TEMP_FILE.fullmatch(p.name))
+    names = sorted(p.name for p in out.iterdir())
     if CHECKPOINT_NAME in names:
         raise RecipeError(
             f"{out} already holds a run; pass --resume to continue it, --overwrite to start it again, or another --out"
         )
-    if names and (RECIPE_NAME not in names or not all(_RUN_FILE.fullmatch(n) for n in names)):
+    if names and all(n == RECIPE_NAME or _TEMP_FILE.fullmatch(n) for n in names):
+        raise RecipeError(
+            f"{out} holds a run that never finished an epoch (nothing to resume); pass --overwrite to start it "
+            "again, or choose another --out"
+        )
+    if names:
         shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
         raise RecipeError(
-            f"{out} is not a training run's folder (it holds {shown}); choose another --out, or pass --overwrite "
-            "to write the run into it (its run files are replaced, other files are kept)"
+            f"{out} is not empty (it holds {shown}); choose another --out, or pass --overwrite to write a new run "
+            "into it (a run's own files are replaced, every other file is kept)"
         )
 
 
 def prepare(out: Path, *, fresh: bool) -> None:
     """Make ``out`` ready for a run (on the first process, after ``check_out``): create it, remove the
-    temporary files a killed run left, and for a ``fresh`` start the run files of an earlier run, so
-    that nothing of that run can be taken for this one's."""
+    temporary files a killed run left, and for a ``fresh`` start (``--overwrite``) the files this run
+    writes, so that nothing of an earlier run can be taken for this one's. Nothing else is removed: an
+    earlier evaluation (``eval_*.json``), or any file a run did not write, stays."""
     out.mkdir(parents=True, exist_ok=True)
     for p in out.iterdir():
-        if p.is_file() and (_TEMP_FILE.fullmatch(p.name) or (fresh and _RUN_FILE.fullmatch(p.name))):
+        if p.is_file() and (_TEMP_FILE.fullmatch(p.name) or (fresh and p.name in _WRITTEN)):
             p.unlink()
 
 

@@ -14,6 +14,7 @@ are kept in the ``Analysis``, one per class.
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -24,11 +25,11 @@ import torch
 from PIL import Image
 
 from vit_core import VisionTransformer, explain
-from vit_core.data import load_image
+from vit_core.data import ImageTransform, load_image, read_header
 
 from .settings import Settings, affordable, refusal
 
-MAX_SIDE = 2048  # overlays of larger images are drawn on a copy downscaled to this long side
+MAX_SIDE = 2048  # larger uploads are decoded reduced to this long side, and overlays drawn at it
 MAX_PIXELS = 50_000_000  # larger uploads are refused before decoding (decompression bombs)
 Box = tuple[int, int, int, int]
 
@@ -71,13 +72,13 @@ class Analysis:
 
     def nbytes(self) -> int:
         tensors = [self.x, self.probs, *self.attentions, *self.maps.values()]
-        return sum(t.numel() * t.element_size() for t in tensors) + 3 * self.shown.width * self.shown.height
+        return sum(t.numel() * t.element_size() for t in tensors) + 4 * self.shown.width * self.shown.height  # RGBX
 
 
 class AnalysisCache:
     """Recent analyses, least recently used dropped first, bounded in count and bytes; thread-safe."""
 
-    def __init__(self, max_entries: int = 32, max_bytes: int = 256 << 20) -> None:
+    def __init__(self, max_entries: int = 32, max_bytes: int = 128 << 20) -> None:
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._items: OrderedDict[tuple[str, str], Analysis] = OrderedDict()
         self._lock = threading.Lock()
@@ -119,25 +120,38 @@ def _digest(path: str) -> str | None:
         return None  # load_image will say what is wrong with it
 
 
-def analyse(model: VisionTransformer, transform, model_key: str, path: str, device: torch.device) -> Analysis:
-    """The cached analysis of the image file at ``path`` by ``model``, computing it on a miss.
+def needed_side(transform: ImageTransform) -> int:
+    """The short side a source image needs so that ``transform``'s eval resize does not enlarge it (the
+    resize's target, ``input size / crop_pct``): what a large upload is decoded down to, at the least."""
+    return math.ceil(max(transform.size) / transform.crop_pct)
+
+
+def analyse(
+    model: VisionTransformer, transform: ImageTransform, model_key: str, path: str, device: torch.device
+) -> Analysis:
+    """The cached analysis of the image file at ``path`` by ``model``, computing it on a miss. The upload is
+    decoded reduced (``load_image`` with ``MAX_SIDE``, and ``needed_side`` for the model), never at full size
+    where its format allows; API coordinates stay in the upload's own pixels.
 
     Raises ``vit_core.data.ImageDataError`` for files that are not safe, readable images."""
 
     def compute() -> Analysis:
-        img = load_image(path, max_pixels=MAX_PIXELS)
-        shown = img.convert("RGB")
-        if max(shown.size) > MAX_SIDE:
-            shown.thumbnail((MAX_SIDE, MAX_SIDE))
+        size = read_header(path, MAX_PIXELS).size
+        img = load_image(path, MAX_PIXELS, MAX_SIDE, needed_side(transform))  # reduced: never held at full size
+        if (img.width < img.height) != (size[0] < size[1]):  # a PNG whose EXIF rotation came after its pixels
+            size = size[::-1]
         x = transform(img).unsqueeze(0)
+        shown = img if img.mode == "RGB" else img.convert("RGB")
+        if max(shown.size) > MAX_SIDE:  # an extreme aspect ratio, kept larger for the model's short side
+            shown.thumbnail((MAX_SIDE, MAX_SIDE))
         with torch.no_grad(), autocast(device):
             logits, attentions = model(x.to(device), return_attention=True)
             mirrored = model(x.to(device).flip(-1))
         return Analysis(
             model=model,
             shown=shown,
-            size=img.size,
-            crop=tuple(transform.crop_box(*img.size)),
+            size=size,
+            crop=tuple(transform.crop_box(*size)),
             x=x,
             probs=mirror_mean(logits, mirrored)[0].cpu(),
             attentions=[a.float().cpu() for a in attentions],

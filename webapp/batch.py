@@ -1,10 +1,17 @@
 """Batch mode: many images (files or zip archives) in, one overlay each and a CSV of top-k predictions out.
 
 Uploads are untrusted. Archives are read in memory, never extracted: member paths are only names, so
-``../`` entries cannot write anywhere. Only members with an image suffix are read; the number of images and
-the bytes read are capped from the archive's directory *and* while reading (a member that inflates past
-its declared size is cut off and refused), so a zip bomb costs at most ``MAX_TOTAL_BYTES``. Every image then
-goes through ``load_image`` (decompression bombs, corrupt data) like a single upload.
+``../`` entries cannot write anywhere. An archive's entry count and directory size are read from its
+end-of-central-directory record first, so a zip declaring a million entries is refused without reading its
+directory. Only members with an image suffix are read; the number of images and the bytes read are capped
+from the archive's directory *and* while reading (a member that inflates past its declared size is cut off
+and refused), so a zip bomb costs at most ``MAX_TOTAL_BYTES``.
+
+Images are then decoded, classified and let go one at a time (``classify_batch``): each goes through
+``load_image`` (decompression bombs, corrupt data) like a single upload, decoded reduced to what the model
+and the gallery's overlay need (``THUMB``), its decoding cost read from its header first: at most
+``MAX_DECODE_BYTES`` for one image, and ``MAX_DECODED_PIXELS`` for the whole batch. Only the small results
+stay: the overlays, the probabilities and the model inputs of one chunk (``chunk_size``).
 """
 
 from __future__ import annotations
@@ -12,10 +19,12 @@ from __future__ import annotations
 import csv
 import io
 import shutil
+import struct
 import tempfile
 import time
 import uuid
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -23,129 +32,230 @@ import torch
 from PIL import Image
 
 from vit_core import VisionTransformer, methods
-from vit_core.data import ImageDataError, load_image
+from vit_core.data import ImageDataError, ImageTransform, load_image, read_header
 
 from . import render
-from .analysis import MAX_PIXELS, autocast, mirror_mean
+from .analysis import MAX_PIXELS, autocast, mirror_mean, needed_side
 from .model_info import UNSURE_BELOW, verdict
 from .settings import Settings
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff"}
 MAX_IMAGES = 64  # images per batch, across all files and archives
 MAX_MEMBERS = 10_000  # entries in one archive's directory; more is refused unread
+MAX_DIRECTORY_BYTES = 8 << 20  # one archive's central directory (about 300 bytes an entry at most)
 MAX_IMAGE_BYTES = 32 << 20  # one image, compressed size
 MAX_TOTAL_BYTES = 256 << 20  # all images of a batch, as read
+MAX_DECODED_PIXELS = 400_000_000  # pixels decoded per batch: eight 50 MP PNGs, or hundreds of reduced JPEGs
+MAX_DECODE_BYTES = 256 << 20  # memory decoding one image may take (``ImageHeader.decode_bytes``): a 50 MP RGB PNG
 THUMB = 384  # long side of the gallery's overlays
 CHUNK = 16  # images per forward pass
+GRADIENT_CHUNK = 4  # per forward and backward pass: ViT-B/16 keeps about 180 MB an image for its backward pass
 OUT_DIR = Path(tempfile.gettempdir()) / "vit_core_app"  # CSVs, removed after an hour
+_EOCD = struct.Struct("<4s4H2LH")  # end of central directory record
+_EOCD64_LOCATOR = struct.Struct("<4sLQL")
+_EOCD64 = struct.Struct("<4sQ2H2L4Q")
 
 
 @dataclass
 class Item:
-    """One image of a batch, or why it was skipped."""
+    """One upload of a batch (an image file or an archive's member): its probabilities, or why it was skipped."""
 
     name: str
-    image: Image.Image | None = None
     error: str | None = None
     probs: torch.Tensor | None = None  # set by classify_batch
 
 
-def _read_zip(path: Path, budget: list[int], room: int) -> list[Item]:
-    """Image members of the archive at ``path``, at most ``room``, charging their bytes to ``budget[0]``."""
-    items: list[Item] = []
+def zip_directory(path: Path) -> tuple[int, int] | None:
+    """(entries, central directory bytes) from the end-of-central-directory record (ZIP64's when the
+    classic fields overflow), read from the file's last 64 KB without reading the directory; None when
+    there is no such record."""
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        tail_start = max(0, size - _EOCD.size - 0xFFFF)  # the record, then at most a 64 KB comment
+        f.seek(tail_start)
+        tail = f.read()
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or at + _EOCD.size > len(tail):
+            return None
+        _, _, _, _, entries, directory, _, _ = _EOCD.unpack_from(tail, at)
+        if entries != 0xFFFF and directory != 0xFFFFFFFF:
+            return entries, directory
+        locator = tail_start + at - _EOCD64_LOCATOR.size
+        if locator < 0:
+            return None
+        f.seek(locator)
+        sig, _, record, _ = _EOCD64_LOCATOR.unpack(f.read(_EOCD64_LOCATOR.size))
+        if sig != b"PK\x06\x07" or record > size - _EOCD64.size:
+            return None
+        f.seek(record)
+        sig, _, _, _, _, _, _, entries, directory, _ = _EOCD64.unpack(f.read(_EOCD64.size))
+        return (entries, directory) if sig == b"PK\x06\x06" else None
+
+
+def _read_zip(path: Path, budget: list[int], room: list[int]) -> Iterator[tuple[Item, bytes | None]]:
+    """Image members of the archive at ``path``, one at a time: at most ``room[0]`` of them, their bytes
+    charged to ``budget[0]``."""
+    declared = zip_directory(path)
+    if declared is not None and (declared[0] > MAX_MEMBERS or declared[1] > MAX_DIRECTORY_BYTES):
+        entries, directory = declared
+        yield (
+            Item(
+                path.name,
+                f"refused unread: {entries:,} entries, a {directory:,}-byte directory (at most "
+                f"{MAX_MEMBERS:,} entries)",
+            ),
+            None,
+        )
+        return
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as e:
-        return [Item(path.name, error=f"not a readable zip archive ({e})")]
+        yield Item(path.name, error=f"not a readable zip archive ({e})"), None
+        return
     with zf:
         members = zf.infolist()
-        if len(members) > MAX_MEMBERS:
-            return [Item(path.name, error=f"refused: {len(members)} entries (at most {MAX_MEMBERS})")]
+        if len(members) > MAX_MEMBERS:  # a directory that disagrees with its end record
+            yield Item(path.name, error=f"refused: {len(members)} entries (at most {MAX_MEMBERS})"), None
+            return
         for info in members:
             name = PurePosixPath(info.filename).name
             if info.is_dir() or PurePosixPath(name).suffix.lower() not in IMAGE_SUFFIXES or name.startswith("."):
                 continue
-            if len(items) == room:
-                items.append(Item(f"{path.name}/{name}", error=f"skipped: a batch holds at most {MAX_IMAGES} images"))
-                break
             label = f"{path.name}/{info.filename}"
+            if room[0] == 0:
+                yield Item(label, error=f"skipped: a batch holds at most {MAX_IMAGES} images"), None
+                return
             limit = min(MAX_IMAGE_BYTES, budget[0])
             if info.file_size > limit:
-                items.append(Item(label, error=f"skipped: {info.file_size:,} bytes uncompressed (limit {limit:,})"))
+                yield Item(label, error=f"skipped: {info.file_size:,} bytes uncompressed (limit {limit:,})"), None
                 continue
             try:
                 with zf.open(info) as f:
                     data = f.read(limit + 1)
             except (RuntimeError, zipfile.BadZipFile, OSError, NotImplementedError) as e:  # encrypted, corrupt
-                items.append(Item(label, error=f"cannot read this member ({e})"))
+                yield Item(label, error=f"cannot read this member ({e})"), None
                 continue
             if len(data) > limit:
-                items.append(Item(label, error="refused: inflates past its declared size"))
+                yield Item(label, error="refused: inflates past its declared size"), None
                 continue
             budget[0] -= len(data)
-            items.append(_decode(data, label))
-    return items
+            room[0] -= 1
+            yield Item(label), data
 
 
-def _decode(data: bytes, name: str) -> Item:
-    buf = io.BytesIO(data)
-    buf.name = name  # load_image's messages name their source
-    try:
-        return Item(name, image=load_image(buf, max_pixels=MAX_PIXELS))
-    except ImageDataError as e:
-        return Item(name, error=str(e))
-
-
-def read_uploads(paths: list[str]) -> list[Item]:
-    """The images in ``paths`` (image files and zip archives of images), in order, with a reason for each one
-    skipped. Raises ``ValueError`` when nothing was uploaded."""
+def read_uploads(paths: list[str]) -> Iterator[tuple[Item, bytes | None]]:
+    """The uploads in ``paths`` (image files and zip archives of images), in order, each with its bytes, read
+    one at a time as the caller asks for them (None, with ``item.error`` saying why, for one skipped).
+    Raises ``ValueError`` when nothing was uploaded."""
     if not paths:
         raise ValueError("Upload one or more images, or a zip archive of images.")
-    items: list[Item] = []
-    budget = [MAX_TOTAL_BYTES]
-    for p in map(Path, paths):
-        room = MAX_IMAGES - sum(i.image is not None for i in items)
+    return _read_uploads([Path(p) for p in paths])
+
+
+def _read_uploads(paths: list[Path]) -> Iterator[tuple[Item, bytes | None]]:
+    budget, room = [MAX_TOTAL_BYTES], [MAX_IMAGES]
+    for p in paths:
         if zipfile.is_zipfile(p):
-            items += _read_zip(p, budget, room)
-        elif room == 0:
-            items.append(Item(p.name, error=f"skipped: a batch holds at most {MAX_IMAGES} images"))
+            yield from _read_zip(p, budget, room)
+        elif room[0] == 0:
+            yield Item(p.name, error=f"skipped: a batch holds at most {MAX_IMAGES} images"), None
         elif p.stat().st_size > min(MAX_IMAGE_BYTES, budget[0]):
-            items.append(Item(p.name, error="skipped: file too large for this batch"))
+            yield Item(p.name, error="skipped: file too large for this batch"), None
         else:
             data = p.read_bytes()
             budget[0] -= len(data)
-            items.append(_decode(data, p.name))
-    return items
+            room[0] -= 1
+            yield Item(p.name), data
+
+
+def _decode(item: Item, data: bytes, need: int, pixels: list[int]) -> Image.Image | None:
+    """The image in ``data`` decoded reduced (long side ``THUMB``, short side at least ``need``), its decoded
+    pixels charged to ``pixels[0]`` from its header first; None (``item.error`` set) when it is unreadable or
+    over what is left."""
+    buf = io.BytesIO(data)
+    buf.name = item.name  # load_image's messages name their source
+    try:
+        header = read_header(buf, MAX_PIXELS)
+        w, h = header.decoded_size(THUMB, need)
+        if header.decode_bytes(THUMB, need) > MAX_DECODE_BYTES:
+            item.error = (
+                f"skipped: decoding this {header.size[0]}x{header.size[1]} {header.format} takes about "
+                f"{header.decode_bytes(THUMB, need) >> 20:,} MB, more than a batch gives one image "
+                f"({MAX_DECODE_BYTES >> 20} MB); classify it on its own"
+            )
+            return None
+        if w * h > pixels[0]:
+            item.error = (
+                f"skipped: decoding it takes {w * h:,} pixels, more than the batch has left "
+                f"({pixels[0]:,} of {MAX_DECODED_PIXELS:,}); send large images in smaller batches"
+            )
+            return None
+        pixels[0] -= w * h
+        buf.seek(0)
+        return load_image(buf, MAX_PIXELS, THUMB, need)
+    except ImageDataError as e:
+        item.error = str(e)
+        return None
 
 
 def classify_batch(
-    model: VisionTransformer, transform, items: list[Item], s: Settings, device: torch.device
-) -> list[tuple[Image.Image, str]]:
-    """Overlays with captions for the gallery, ``CHUNK`` images per forward pass; sets each item's ``probs``
-    (with its mirror's, as the Classify tab: ``mirror_mean``).
+    model: VisionTransformer, transform: ImageTransform, paths: list[str], s: Settings, device: torch.device
+) -> tuple[list[Item], list[tuple[Image.Image, str]]]:
+    """Every upload of ``paths`` (``read_uploads``) with its probabilities or the reason it was skipped, and
+    the gallery: an overlay with a caption per image. Images are decoded, classified and let go one at a
+    time, ``chunk_size(s.method)`` per forward pass; each item's ``probs`` are the mean of the image's and its
+    mirror's, as the Classify tab's (``mirror_mean``).
     The map is ``s.method`` for each image's predicted class, with the options of ``s`` (raw attention: the
     last layer by default, heads averaged); only ``batchable`` methods: RISE, hundreds of forward passes per
     image, is for the Classify tab."""
     if not s.method.batchable:
         titles = ", ".join(m.title for m in batchable())
         raise ValueError(f"the Batch tab's explanations are {titles}; {s.method.title} is on the Classify tab")
-    good = [i for i in items if i.image is not None]
+    items: list[Item] = []
+    gallery: list[tuple[Image.Image, str]] = []
+    chunk: list[tuple[Item, torch.Tensor, Image.Image]] = []
+    pixels, need = [MAX_DECODED_PIXELS], needed_side(transform)
+    for item, data in read_uploads(paths):
+        items.append(item)
+        img = None if data is None else _decode(item, data, need, pixels)
+        if img is None:
+            continue
+        shown = img.convert("RGB")
+        shown.thumbnail((THUMB, THUMB))  # an extreme aspect ratio kept larger for the model: the gallery's size
+        chunk.append((item, transform(img), shown))
+        del img, data
+        if len(chunk) == chunk_size(s.method):
+            gallery += _classify_chunk(model, transform, chunk, s, device)
+            chunk = []
+    if chunk:
+        gallery += _classify_chunk(model, transform, chunk, s, device)
+    return items, gallery
+
+
+def chunk_size(method: methods.Method) -> int:
+    """Images per forward pass: ``GRADIENT_CHUNK`` for a method with a backward pass, else ``CHUNK``."""
+    return GRADIENT_CHUNK if method.cost.backward else CHUNK
+
+
+def _classify_chunk(
+    model: VisionTransformer,
+    transform: ImageTransform,
+    chunk: list[tuple[Item, torch.Tensor, Image.Image]],
+    s: Settings,
+    device: torch.device,
+) -> list[tuple[Image.Image, str]]:
+    x = torch.stack([x for _, x, _ in chunk]).to(device)
+    with autocast(device):
+        logits, maps = s.method.fn(model, x, **s.options(), return_logits=True)
+    with torch.no_grad(), autocast(device):
+        mirrored = model(x.flip(-1))
+    p = mirror_mean(logits, mirrored).cpu()
     gallery = []
-    names = model.class_names
-    for start in range(0, len(good), CHUNK):
-        chunk = good[start : start + CHUNK]
-        x = torch.stack([transform(i.image) for i in chunk]).to(device)
-        with autocast(device):
-            logits, maps = s.method.fn(model, x, **s.options(), return_logits=True)
-        with torch.no_grad(), autocast(device):
-            mirrored = model(x.flip(-1))
-        p = mirror_mean(logits, mirrored).cpu()
-        for item, pi, heat in zip(chunk, p, maps.float().cpu(), strict=True):
-            shown = item.image.convert("RGB")
-            shown.thumbnail((THUMB, THUMB))
-            box = tuple(round(v) for v in transform.crop_box(*shown.size))
-            gallery.append((render.map_on_image(shown, box, heat, s.opacity, ""), f"{item.name}: {verdict(pi, names)}"))
-            item.probs = pi
+    for (item, _, shown), pi, heat in zip(chunk, p, maps.float().cpu(), strict=True):
+        box = tuple(round(v) for v in transform.crop_box(*shown.size))
+        caption = f"{item.name}: {verdict(pi, model.class_names)}"
+        gallery.append((render.map_on_image(shown, box, heat, s.opacity, ""), caption))
+        item.probs = pi
     return gallery
 
 

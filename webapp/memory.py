@@ -23,10 +23,11 @@ def limit_arenas(n: int = 2) -> bool:
     return _LIBC is not None and _LIBC.mallopt(M_ARENA_MAX, n) == 1
 
 
-def release_memory() -> None:
-    """Collect reference cycles (a failed load's traceback holds its frames), then ask glibc to return the
-    free pages of every arena (``malloc_trim(0)``)."""
-    gc.collect()
+def release_memory(generation: int = 2) -> None:
+    """Collect reference cycles (a failed load's traceback holds its frames) up to ``generation`` (2: all;
+    a full collection takes about half a second in the app, the young generations milliseconds), then ask
+    glibc to return the free pages of every arena (``malloc_trim(0)``, about a millisecond)."""
+    gc.collect(generation)
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
 

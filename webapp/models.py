@@ -174,6 +174,17 @@ class Models:
         loaded = self._get(choice, self.options.request_wait if wait is None else wait)
         return loaded.model, loaded.transform
 
+    def loaded(self, choice: str) -> tuple[vit_core.VisionTransformer, ImageTransform] | None:
+        """The model ``choice`` names and its preprocessing if it is loaded now, else None; starts no load and
+        logs nothing (for a request's memory estimate, before the request itself asks)."""
+        try:
+            key = self.access.resolve(choice).key
+        except ModelError:
+            return None
+        with self._lock:
+            hit = self._loaded.get(key)
+        return None if hit is None else (hit.model, hit.transform)
+
     def load(self, choice: str) -> tuple[vit_core.VisionTransformer, ImageTransform]:
         """``get`` for the model picker: waits for the load (the UI shows progress meanwhile)."""
         return self.get(choice, UI_LOAD_WAIT)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vit_core import VisionTransformer, explain, methods
+from vit_core import VisionTransformer, ViTConfig, explain, methods
 from vit_core.methods import Method
 
 from .errors import quote
@@ -28,12 +28,14 @@ DEFAULT_METHODS = ("rise", "gradient")
 PREDICTED = "(predicted class)"
 
 
-def affordable(method: Method, model: VisionTransformer, device: torch.device) -> bool:
-    """Whether this server draws ``method``'s maps for ``model``: always when the map needs no forward pass
-    beyond the prediction's (a backward pass costs about what the prediction does, which the limits on loading
-    bound); when it needs more (RISE), if their FLOPs fit ``MAP_BUDGET`` on ``device``."""
+def affordable(method: Method, model: VisionTransformer | ViTConfig, device: torch.device) -> bool:
+    """Whether this server draws ``method``'s maps for ``model`` (or a model of that config): always when the
+    map needs no forward pass beyond the prediction's (a backward pass costs about what the prediction does,
+    which the limits on loading bound); when it needs more (RISE), if their FLOPs fit ``MAP_BUDGET`` on
+    ``device``."""
     budget = MAP_BUDGET.get(device.type, MAP_BUDGET["cpu"])
-    return method.cost.forward == 0 or method.cost.flops(model.config) <= budget
+    config = model if isinstance(model, ViTConfig) else model.config
+    return method.cost.forward == 0 or method.cost.flops(config) <= budget
 
 
 def default_method(model: VisionTransformer, device: torch.device) -> Method:

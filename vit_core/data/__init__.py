@@ -3,7 +3,8 @@
 Everything a model sees goes through ``build_transform(model.pretrained_cfg, train=...)``, so training,
 evaluation and the app resize, crop and normalise the same way (timm's ``pretrained_cfg``: input_size, mean,
 std, interpolation, crop_pct). The app opens user files with ``load_image`` (``images.py``), which refuses
-bombs and corrupt files with an ``ImageDataError`` and returns an upright "RGB" or "L" image.
+bombs and corrupt files with an ``ImageDataError`` and returns an upright "RGB" or "L" image, decoded reduced
+when asked (``max_side``); ``read_header`` says what decoding one costs before any pixel is decoded.
 
 Datasets (``build_dataset(spec, split)``, ``datasets.py``) yield ``(image, label)`` and carry ``.classes``
 (label names) and ``.targets`` (int64 tensor):
@@ -37,7 +38,7 @@ for a reproducible run; DataLoader workers are seeded by torch.
 
 from .batches import Batches, fixed_subset
 from .datasets import HFImageDataset, ImageFolderDataset, InMemoryImageDataset, build_dataset, default_data_root
-from .images import ImageDataError, load_image, match_channels, to_model_mode
+from .images import ImageDataError, ImageHeader, load_image, match_channels, read_header, to_model_mode
 from .transforms import AUGMENT_DEFAULTS, ImageTransform, build_mixup, build_transform, check_augment
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "HFImageDataset",
     "ImageDataError",
     "ImageFolderDataset",
+    "ImageHeader",
     "ImageTransform",
     "InMemoryImageDataset",
     "build_dataset",
@@ -56,5 +58,6 @@ __all__ = [
     "fixed_subset",
     "load_image",
     "match_channels",
+    "read_header",
     "to_model_mode",
 ]

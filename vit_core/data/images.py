@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 
 class ImageDataError(ValueError):
@@ -17,8 +20,86 @@ class ImageDataError(ValueError):
 
 ImageSource = str | Path | bytes | BinaryIO | Image.Image
 
+# EXIF orientation -> the transpose that makes the stored pixels upright (as ImageOps.exif_transpose).
+_ORIENTATION = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+# Bytes per decoded pixel that decoding holds at its peak, by mode (default 4: Pillow stores RGB, CMYK, YCbCr, I and F
+# in 4 bytes a pixel): a reduced decode of RGBA / LA also makes a premultiplied copy; palette and 1-bit images
+# are converted to RGB(A) / L, 16-bit ones to 32-bit, before they are reduced (Pillow's reduce takes neither).
+_DECODE_BYTES = {"1": 2, "L": 1, "P": 9, "PA": 9, "LA": 8, "La": 4, "RGBA": 8, "I;16": 8, "I;16B": 8, "I;16L": 8}
+_FORMAT_BYTES = {"WEBP": 16}  # libwebp decodes to a buffer of its own, which Pillow copies, then converts
+_HIGH_DEPTH = ("I", "F", "I;16", "I;16B", "I;16L")  # scaled to 8 bits through float64 (``_high_depth_to_l``)
+_JPEG_SCALES = (8, 4, 2, 1)  # the DCT scalings libjpeg decodes at (Pillow's draft mode)
 
-def load_image(src: ImageSource, max_pixels: int = 50_000_000) -> Image.Image:
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an image file declares before any pixel is decoded: enough to know what decoding it costs."""
+
+    size: tuple[int, int]  # (width, height) upright, EXIF orientation applied (a PNG's, when before its pixels)
+    format: str  # Pillow's name: "JPEG", "PNG", ...
+    mode: str  # as stored: "RGB", "P", "I;16", ...
+
+    @property
+    def pixels(self) -> int:
+        return self.size[0] * self.size[1]
+
+    def decoded_size(self, max_side: int | None = None, min_side: int = 0) -> tuple[int, int]:
+        """The size ``load_image`` decodes at with these arguments, before its final resize: the full size,
+        or for JPEG the largest reduction by 2, 4 or 8 that is still at least the target (draft mode)."""
+        w, h = self.size
+        tw, th = target_size(self.size, max_side, min_side)
+        if self.format not in ("JPEG", "MPO") or (tw, th) == (w, h):
+            return w, h
+        s = next(s for s in _JPEG_SCALES if min(w // tw, h // th) >= s)
+        return -(-w // s), -(-h // s)
+
+    def decode_bytes(self, max_side: int | None = None, min_side: int = 0) -> int:
+        """Peak bytes ``load_image(..., max_side, min_side)`` allocates for this image, as measured for each
+        mode and format: the decoded pixels (4 bytes each for colour; ``_DECODE_BYTES``, ``_FORMAT_BYTES``)
+        and the result's: the reduced image the resize starts from (up to 4 times the result's pixels, at 4
+        bytes each) and the result's copies (resize, transpose, conversion), 28 bytes a pixel of the result
+        in all; 56 for 16- and 32-bit images, scaled to 8 bits in float64."""
+        w, h = self.decoded_size(max_side, min_side)
+        tw, th = target_size(self.size, max_side, min_side)
+        per_pixel = _FORMAT_BYTES.get(self.format) or _DECODE_BYTES.get(self.mode, 4)
+        return per_pixel * w * h + (56 if self.mode in _HIGH_DEPTH else 28) * tw * th
+
+
+def target_size(size: tuple[int, int], max_side: int | None = None, min_side: int = 0) -> tuple[int, int]:
+    """``size`` shrunk (never enlarged) so that its long side is at most ``max_side``, unless that would take
+    its short side below ``min_side``: what a model resizing the short side to ``min_side`` and an overlay
+    of ``max_side`` pixels need."""
+    w, h = size
+    if max_side is None or max(w, h) <= max_side:
+        return w, h
+    scale = min(1.0, max(max_side / max(w, h), min_side / min(w, h)))
+    return max(1, round(w * scale)), max(1, round(h * scale))
+
+
+def read_header(src: ImageSource, max_pixels: int = 50_000_000) -> ImageHeader:
+    """The size (upright), format and mode an image declares, read without decoding its pixels; an
+    ``ImageDataError`` for non-images and for images over ``max_pixels`` (decompression bombs)."""
+    name = _describe(src)
+    with _opened(src, name) as img:
+        _check_pixels(img, name, max_pixels)
+        w, h = img.size
+        # a PNG may keep its EXIF after the pixels, where reading it means decoding them: stored size then
+        known = img.format != "PNG" or "exif" in img.info
+        upright = (h, w) if known and _orientation(img) in (5, 6, 7, 8) else (w, h)
+        return ImageHeader(upright, img.format or "", img.mode)
+
+
+def load_image(
+    src: ImageSource, max_pixels: int = 50_000_000, max_side: int | None = None, min_side: int = 0
+) -> Image.Image:
     """Open an image safely and return it decoded, upright, in mode "RGB" or "L".
 
     - Refuses images over ``max_pixels`` from the header, before decoding (decompression bombs).
@@ -27,15 +108,30 @@ def load_image(src: ImageSource, max_pixels: int = 50_000_000) -> Image.Image:
     - Grayscale stays "L" (also 1-bit and 16/32-bit, which are scaled to 8 bits: ``I;16`` by 1/257, ``I`` by
       1/257 when its values exceed 255, ``F`` by 255 when its values lie in [0, 1]); colour becomes "RGB"
       (palette, CMYK, YCbCr...). Transparent pixels are composited on **white**, as viewers show them.
+    - ``max_side``: a larger image comes back reduced to ``target_size(size, max_side, min_side)`` (long side
+      ``max_side``, short side at least ``min_side``), and is never held at full size where the format allows:
+      JPEG decodes at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling, Pillow's draft mode), other formats are
+      decoded, then reduced at once (a box reduction, then a bicubic resize, premultiplied for transparency)
+      and their full-size pixels freed.
+      ``ImageHeader.decode_bytes`` says what that costs.
     """
     name = _describe(src)
+    with _opened(src, name) as img:
+        _check_pixels(img, name, max_pixels)
+        return _decode(img, name, max_side, min_side, owned=img is not src)
+
+
+@contextmanager
+def _opened(src: ImageSource, name: str) -> Iterator[Image.Image]:
+    """``src`` opened lazily (header only), with every failure turned into an ``ImageDataError``."""
     try:
         if isinstance(src, Image.Image):
-            return _decode(src, name, max_pixels)
+            yield src
+            return
         if isinstance(src, bytes | bytearray):
             src = io.BytesIO(src)
         with Image.open(src) as img:
-            return _decode(img, name, max_pixels)
+            yield img
     except ImageDataError:
         raise
     except UnidentifiedImageError as e:
@@ -57,24 +153,56 @@ def _describe(src: object) -> str:
     return name if isinstance(name, str) else f"image ({type(src).__name__})"
 
 
-def _decode(img: Image.Image, name: str, max_pixels: int) -> Image.Image:
+def _check_pixels(img: Image.Image, name: str, max_pixels: int) -> None:
     w, h = img.size
     if w * h > max_pixels:
         raise ImageDataError(
             f"{name}: refused, {w}x{h} = {w * h:,} pixels is more than the limit of {max_pixels:,} "
             "(a guard against decompression bombs); downscale the image or raise max_pixels"
         )
+
+
+def _orientation(img: Image.Image) -> int:
+    try:
+        return int(img.getexif().get(0x0112, 1))
+    except Exception:  # malformed EXIF: the pixels are fine, keep them as stored
+        return 1
+
+
+def _decode(img: Image.Image, name: str, max_side: int | None, min_side: int, owned: bool) -> Image.Image:
+    """``img`` (opened, not decoded) decoded, reduced, upright and converted; ``owned``: ours to close, so the
+    full decode's pixels can go as soon as the reduced copy exists."""
     if getattr(img, "n_frames", 1) > 1:
         img.seek(0)
+    opened = img
+    target = target_size(img.size, max_side, min_side)
+    if target != img.size:
+        img.draft(None, target)  # JPEG: decode at the smallest DCT scale still >= target; others: no-op
     img.load()
-    try:
-        img = ImageOps.exif_transpose(img)  # a new image, detached from the file
-    except Exception:  # malformed EXIF: the pixels are fine, keep them as stored
-        img = img.copy()
+    orientation = _orientation(img)  # after the pixels: a PNG may keep its EXIF after them
+    if target != img.size:
+        if img.mode in ("1", "P", "PA"):  # averaged indices mean nothing: to L / RGB(A) first
+            img = img.convert("L" if img.mode == "1" else "RGBA" if _transparent(img) else "RGB")
+        elif img.mode.startswith("I;16"):  # Pillow reduces 32-bit integers, not 16-bit ones
+            img = img.convert("I")
+        # A box reduction by the largest whole factor that keeps at least the target's size, then one bicubic
+        # resize (premultiplied where there is transparency): the reduced copy is under 4 times the result.
+        img = img.resize(target, Image.Resampling.BICUBIC, reducing_gap=1.0)
+        if owned:
+            opened.close()  # the full decode's pixels go now
+    transpose = _ORIENTATION.get(orientation)
+    if transpose is not None:
+        img = img.transpose(transpose)
+    elif img is opened:
+        img = img.copy()  # a new image, detached from the file
     try:
         return _to_rgb_or_l(img)
     except ImageDataError as e:
         raise ImageDataError(f"{name}: {e}") from None
+
+
+def _transparent(img: Image.Image) -> bool:
+    return img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info
 
 
 def _to_rgb_or_l(img: Image.Image) -> Image.Image:

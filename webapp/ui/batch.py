@@ -7,6 +7,7 @@ import gradio as gr
 from PIL import Image
 
 from .. import batch as batch_mode
+from ..admission import COMPUTE
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
 from ..settings import check_top_k, parse_settings
@@ -30,11 +31,12 @@ def batch(
     model, transform = ctx.models.get(model_choice)
     s = parse_settings(model, method, opacity=opacity)
     k = check_top_k(top_k, model.config.num_classes)
-    items = batch_mode.read_uploads(files or [])
-    gallery = batch_mode.classify_batch(model, transform, items, s, ctx.device)
+    items, gallery = batch_mode.classify_batch(model, transform, files or [], s, ctx.device)
     path = batch_mode.write_csv(items, model.class_names, k)
-    skipped = [i for i in items if i.image is None]
+    skipped = [i for i in items if i.probs is None]
     note = f"{len(gallery)} image(s) classified" + (f", {len(skipped)} skipped (see the CSV)" if skipped else "")
+    if skipped and not gallery:
+        note += f"; {skipped[0].name}: {skipped[0].error}"
     return gallery, str(path), note
 
 
@@ -59,8 +61,9 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
     )
     csv = gr.File(label="Top-k predictions (CSV)", elem_id="batch-csv")
     button.click(
-        ctx.handler(batch),
+        ctx.handler(batch, "batch"),
         [files, picker.choice, method, classify.top_k, classify.opacity],
         [gallery, csv, note],
         api_name="batch",
+        concurrency_id=COMPUTE,
     )

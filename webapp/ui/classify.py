@@ -17,6 +17,7 @@ from PIL import Image
 from vit_core import VisionTransformer, methods
 
 from .. import model_info, render
+from ..admission import COMPUTE
 from ..analysis import Analysis, explained_class, relevance
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
@@ -188,7 +189,13 @@ def build(ctx: Context, picker: Picker) -> ClassifyTab:
 
     settings = [method, target, layer, head, head_fusion, discard, opacity, top_k]
     results = [labels, overlay, compute_ms, verdict, explained]
-    button.click(ctx.handler(classify), [image, picker.choice, *settings], results, api_name="classify")
+    button.click(
+        ctx.handler(classify, "classify"),
+        [image, picker.choice, *settings],
+        results,
+        api_name="classify",
+        concurrency_id=COMPUTE,
+    )
     gr.on(
         [
             method.input,
@@ -200,11 +207,12 @@ def build(ctx: Context, picker: Picker) -> ClassifyTab:
             opacity.release,
             top_k.release,
         ],
-        ctx.handler(rerender),
+        ctx.handler(rerender, "classify"),
         [image, picker.choice, *settings],
         results,
         api_visibility="private",
         trigger_mode="always_last",
         show_progress="hidden",
+        concurrency_id=COMPUTE,
     )
     return ClassifyTab(image, method, target, layer, head, head_fusion, discard, opacity, top_k)

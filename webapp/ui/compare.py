@@ -7,6 +7,7 @@ import gradio as gr
 from PIL import Image
 
 from .. import explorer, render
+from ..admission import COMPUTE
 from ..analysis import explained_class
 from ..catalog import BUNDLED_LABEL
 from ..comparison import compare as score_methods
@@ -78,8 +79,9 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
     )
     c = classify
     button.click(
-        ctx.handler(compare),
+        ctx.handler(compare, "compare"),
         [c.image, picker.choice, c.target, c.layer, c.head, c.head_fusion, c.discard, c.opacity],
         [gallery, table, text],
         api_name="compare",
+        concurrency_id=COMPUTE,
     )

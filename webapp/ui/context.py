@@ -9,8 +9,10 @@ from dataclasses import dataclass
 import gradio as gr
 import torch
 
+from ..admission import Gate
 from ..analysis import Analysis, analyse
 from ..catalog import ROOT
+from ..estimates import Costs
 from ..models import Models
 
 EXAMPLES = sorted(str(p) for p in (ROOT / "examples").glob("*.jpg"))  # shown on Classify, measured on Inspect
@@ -27,6 +29,7 @@ class Context:
 
     models: Models
     gpu: Callable[[Callable], Callable] = _unchanged
+    gate: Gate | None = None  # the server's memory budget (``webapp.admission``); None: requests are not gated
 
     @property
     def device(self) -> torch.device:
@@ -39,9 +42,19 @@ class Context:
         model, transform = self.models.get(model_choice)
         return analyse(model, transform, self.models.key_of(model_choice), image, self.device)
 
-    def handler(self, fn: Callable, compute: bool = True) -> Callable:
+    @property
+    def costs(self) -> Costs:
+        return Costs(self.models.loaded, lambda: self.device, len(EXAMPLES))
+
+    def handler(self, fn: Callable, work: str) -> Callable:
         """``fn(ctx, ...)`` as an event handler: bound to this context, so that Gradio reads the rest of its
-        signature (the API's parameter names and defaults, ``gr.Progress``, ``gr.SelectData``), and run under
-        ``gpu`` when it computes."""
-        bound = types.MethodType(fn, self)
-        return self.gpu(bound) if compute else bound
+        signature (the API's parameter names and defaults, ``gr.Progress``, ``gr.SelectData``); see ``admitted``
+        for ``work``. Register compute handlers with ``concurrency_id=admission.COMPUTE``."""
+        return self.admitted(types.MethodType(fn, self), work)
+
+    def admitted(self, fn: Callable, work: str) -> Callable:
+        """``fn`` behind the server's memory gate, with the estimate of ``work`` (``Costs.of``: "classify",
+        "view", "explore", "compare", "batch", "inspect", or "load" for the model picker, which waits for a load
+        that its own limits bound), run under ``gpu`` unless it is a "load"."""
+        run = fn if work == "load" else self.gpu(fn)
+        return run if self.gate is None else self.gate.admit(run, self.costs.of(work))

@@ -12,6 +12,7 @@ from PIL import Image
 from vit_core import VisionTransformer
 
 from .. import explorer
+from ..admission import COMPUTE
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
 from ..settings import parse_settings
@@ -124,27 +125,37 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> ExploreTab:
     image = classify.image
     gr.on(
         [image.change, picker.active.change],
-        ctx.handler(view),
+        ctx.handler(view, "view"),
         [image, picker.choice],
         picture,
         api_visibility="private",
+        concurrency_id=COMPUTE,
     )
     picture.select(
-        ctx.handler(on_select),
+        ctx.handler(on_select, "explore"),
         [image, picker.choice, *settings],
         [picture, point_x, point_y, *outputs],
         api_visibility="private",
         trigger_mode="always_last",
+        concurrency_id=COMPUTE,
     )
     inputs = [image, picker.choice, point_x, point_y, *settings]
-    gr.on([point_x.submit, point_y.submit], ctx.handler(explore), inputs, outputs, api_name="explore")
+    gr.on(
+        [point_x.submit, point_y.submit],
+        ctx.handler(explore, "explore"),
+        inputs,
+        outputs,
+        api_name="explore",
+        concurrency_id=COMPUTE,
+    )
     gr.on(
         [layer.release, head.input],
-        ctx.handler(re_explore),
+        ctx.handler(re_explore, "explore"),
         inputs,
         outputs,
         api_visibility="private",
         trigger_mode="always_last",
         show_progress="hidden",
+        concurrency_id=COMPUTE,
     )
     return ExploreTab(layer, head)

@@ -10,6 +10,7 @@ from PIL import Image
 from vit_core.data import load_image
 
 from .. import model_info
+from ..admission import COMPUTE
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
 from .context import EXAMPLES, Context
@@ -36,4 +37,10 @@ def build(ctx: Context, picker: Picker) -> None:
         similarity = gr.Image(label="Position embedding similarity", show_label=False, elem_id="fig-similarity")
         distance = gr.Image(label="Mean attention distance", show_label=False, elem_id="fig-distance")
     summary = gr.Markdown(label="Model summary", elem_id="summary")
-    button.click(ctx.handler(inspect), picker.choice, [filters, similarity, distance, summary], api_name="inspect")
+    button.click(
+        ctx.handler(inspect, "inspect"),
+        picker.choice,
+        [filters, similarity, distance, summary],
+        api_name="inspect",
+        concurrency_id=COMPUTE,
+    )

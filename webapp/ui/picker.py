@@ -80,5 +80,7 @@ def connect(ctx: Context, picker: Picker, demo: gr.Blocks, tabs: Sequence[Fitted
             return (status, *[gr.skip()] * (len(fitted) + 2), gr.Dropdown(value=active))
 
     outputs = [picker.status, picker.facts, *fitted, picker.active]
-    picker.choice.change(on_change, [picker.choice, picker.active], [*outputs, picker.choice], api_visibility="private")
-    demo.load(updates, picker.choice, outputs, api_visibility="private")
+    # Gated, but outside the compute group: a slow download holds no compute slot (``Context.admitted``).
+    change = ctx.admitted(on_change, "load")
+    picker.choice.change(change, [picker.choice, picker.active], [*outputs, picker.choice], api_visibility="private")
+    demo.load(ctx.admitted(updates, "load"), picker.choice, outputs, api_visibility="private")

@@ -1,0 +1,179 @@
+"""The app's admission: the memory budget read from the cgroup, the gate that admits, queues or refuses by
+estimated memory, the estimate's parts, and every compute listener in one concurrency group. The estimate
+against measured peaks of real requests, per-client limits and upload limits are in ``tests/test_app.py``
+(a running server)."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import vit_core
+from vit_core import methods
+from vit_core.data import ImageHeader, build_transform
+from webapp import admission, analysis, batch, estimates
+from webapp.admission import MB, Busy, Gate, rss
+from webapp.catalog import BUNDLED
+from webapp.estimates import Costs
+
+CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_the_budget_comes_from_the_containers_limit(tmp_path):
+    """cgroup v2 (``memory.max``, "max" when unlimited) and v1 (``memory.limit_in_bytes``, a huge number when
+    unlimited); a limit on an ancestor applies too; none found: None (then the machine's memory)."""
+    v2 = tmp_path / "v2"
+    _write(v2 / "proc", "0::/app/worker\n")
+    _write(v2 / "fs" / "memory.max", "max\n")
+    _write(v2 / "fs" / "app" / "memory.max", f"{5 << 30}\n")
+    _write(v2 / "fs" / "app" / "worker" / "memory.max", "max\n")
+    assert admission.container_memory_limit(v2 / "proc", v2 / "fs") == 5 << 30
+    v1 = tmp_path / "v1"
+    _write(v1 / "proc", "12:pids:/x\n4:memory:/process_api/abc\n0::/\n")
+    _write(v1 / "fs" / "memory" / "memory.limit_in_bytes", "9223372036854771712\n")
+    _write(v1 / "fs" / "memory" / "process_api" / "abc" / "memory.limit_in_bytes", "9223372036854771712\n")
+    assert admission.container_memory_limit(v1 / "proc", v1 / "fs") is None  # unlimited, as this machine says
+    _write(v1 / "fs" / "memory" / "process_api" / "memory.limit_in_bytes", f"{3 << 30}\n")
+    assert admission.container_memory_limit(v1 / "proc", v1 / "fs") == 3 << 30
+    assert admission.container_memory_limit(tmp_path / "missing", tmp_path) is None
+    physical = admission.os.sysconf("SC_PAGE_SIZE") * admission.os.sysconf("SC_PHYS_PAGES")
+    expected = admission.container_memory_limit() or physical
+    assert admission.default_max_memory() == int(admission.DEFAULT_SHARE * expected)
+
+
+def test_the_gate_admits_what_fits_queues_what_will_fit_and_refuses_the_rest():
+    gate = Gate(max_memory=rss() + 300 * MB, max_wait=30)
+    too_large = r"needs about 400 MB of memory, more than this server has for one request"
+    with pytest.raises(Busy, match=too_large), gate.held(400 * MB):
+        pass
+    order, held = [], threading.Event()
+
+    def first():
+        with gate.held(200 * MB):
+            held.set()
+            time.sleep(0.5)
+            order.append("first done")
+
+    def second():
+        held.wait()
+        with gate.held(200 * MB):  # 200 + 200 > 300: waits for the first
+            order.append("second admitted")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert order == ["first done", "second admitted"]
+    with gate.held(100 * MB), gate.held(100 * MB):  # both fit at once
+        pass
+
+    impatient = Gate(max_memory=rss() + 300 * MB, max_wait=0.2)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        with impatient.held(250 * MB):
+            holding.set()
+            release.wait()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    holding.wait()
+    try:
+        with pytest.raises(Busy, match=r"The server is busy; try again in \d+ s"), impatient.held(100 * MB):
+            pass
+    finally:
+        release.set()
+        t.join()
+    with impatient.held(100 * MB):  # free again
+        pass
+
+
+def test_a_gated_listener_keeps_its_signature_and_its_cost_sees_its_arguments():
+    seen = {}
+
+    def listener(image: str | None, model_choice: str = "m", progress=None) -> str:
+        return f"{image}-{model_choice}"
+
+    def cost(arguments: dict) -> int:
+        seen.update(arguments)
+        return MB
+
+    gated = Gate(max_memory=rss() + 100 * MB).admit(listener, cost)
+    assert inspect.signature(gated) == inspect.signature(listener)  # Gradio reads progress and events from it
+    assert gated("a.png", model_choice="x") == "a.png-x" and seen == {"image": "a.png", "model_choice": "x"}
+
+
+def test_the_estimate_follows_the_image_the_model_and_the_endpoint():
+    model = vit_core.from_pretrained(BUNDLED).eval()
+    tf = build_transform(model.pretrained_cfg)
+    costs = Costs(lambda choice: (model, tf) if choice == "bundled" else None, lambda: CPU, examples=6)
+    big, small = ImageHeader((7063, 7063), "PNG", "RGB"), ImageHeader((451, 300), "JPEG", "RGB")
+    need = analysis.needed_side(tf)
+    # decoding a 49.9 MP PNG dominates: its full decode (4 bytes a pixel) and the reduced copies
+    assert estimates.image_bytes(big, tf, "classify") == big.decode_bytes(analysis.MAX_SIDE, need)
+    assert big.decode_bytes(analysis.MAX_SIDE, need) == 4 * 7063 * 7063 + 28 * 2048 * 2048
+    # a small photo: what follows the decode, the picture drawn and the model
+    assert estimates.image_bytes(small, tf, "classify", 5 * MB) == (4 + 36) * 451 * 300 + 5 * MB
+    # a RISE map costs 64 masked images through the model; raw attention none beyond the analysis
+    cfg = model.config
+    rise = estimates.model_bytes(cfg, "classify", methods.RISE, CPU)
+    raw = estimates.model_bytes(cfg, "classify", methods.RAW, CPU)
+    assert rise - raw == estimates.forward_bytes(cfg, 64, attention=False) + 4 * 500 * 32 * 32
+    assert estimates.model_bytes(cfg, "classify", methods.RISE, torch.device("cuda")) == 0  # the GPU's memory
+    b16 = vit_core.get_config("vit_base_patch16_224")
+    assert estimates.forward_bytes(b16, 1) == vit_core.cost.activation_bytes(b16)
+    # a gradient-rollout batch runs 4 images per backward pass, rollout 16 per forward pass
+    assert estimates.model_bytes(b16, "batch", methods.GRADIENT, CPU) == 6 * 4 * estimates.forward_bytes(b16, 1)
+    assert estimates.model_bytes(b16, "batch", methods.ROLLOUT, CPU) == 2 * 16 * estimates.forward_bytes(b16, 1)
+    # a batch's decoding is bounded by batch.MAX_DECODE_BYTES, whatever it holds
+    gallery = batch.MAX_IMAGES * 4 * batch.THUMB * batch.THUMB
+    chunk = estimates.model_bytes(cfg, "batch", methods.ROLLOUT, CPU)
+    expected = estimates.REQUEST_BYTES + batch.MAX_DECODE_BYTES + gallery + chunk
+    assert costs.batch({"model_choice": "bundled", "method": methods.ROLLOUT.title}) == expected
+    # a model that is not loaded: the request fails at once and costs little
+    assert Costs.small({}) == costs.inspect({"model_choice": "other"}) == estimates.REQUEST_BYTES
+
+
+def test_every_compute_listener_is_gated_and_in_one_concurrency_group():
+    import app
+
+    ctx = app.setup("bundled")
+    ctx.gate = Gate()
+    demo = app.build_ui(ctx)
+    compute = {fn.name: fn for fn in demo.fns.values() if fn.concurrency_id == admission.COMPUTE}
+    assert set(compute) == {
+        "classify",
+        "rerender",
+        "view",
+        "on_select",
+        "explore",
+        "re_explore",
+        "compare",
+        "batch",
+    } | {"inspect"}
+    gated = [fn for fn in demo.fns.values() if getattr(fn.fn, "__wrapped__", None) is not None]
+    assert {fn.name for fn in gated} >= set(compute) | {"on_change", "updates"}  # the picker: gated, not in the group
+
+
+def test_the_limits_are_options_of_the_app():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "app.py"), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    for option in ("--max-memory MB", "--max-wait", "--max-file-mb", "--per-client", "--concurrency"):
+        assert option in out.stdout
+    assert "80% of the container's limit" in " ".join(out.stdout.split())

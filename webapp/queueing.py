@@ -1,0 +1,168 @@
+"""A fair share of the queue for each client, and bounded uploads (see ``webapp.admission`` for why).
+
+**A fair share of the queue** (``ClientLimits``). A client (a Gradio session, and separately an IP
+address) may have at most ``per_session`` (``per_ip``) requests waiting or computing; more are refused
+when they join the queue ("you have N requests waiting"), so one client never fills it. The queue is
+served round robin by client: a request joins behind the requests that are as many places into their own
+client's line as it is into its own, so a newcomer waits for at most one request of each other client.
+
+**Bounded uploads** (``UploadLimits``, with Gradio's own ``max_file_size`` per file). An upload must declare
+its length, at most ``max_bytes`` in all, and leave ``MIN_FREE_DISK`` free on the disk it goes to; it is
+refused from its headers, before a byte of it is read.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from .admission import MB
+from .errors import log
+
+MIN_FREE_DISK = 1 << 30  # uploads that would leave less free on their disk are refused
+
+# ------------------------------------------------------------------------------------- fair queueing
+
+
+def client_ip(request: Any) -> str:
+    """The address a request came from. On a Space the app sits behind Hugging Face's proxy, whose own address
+    every request shares: there the client's is the first of ``X-Forwarded-For``."""
+    forwarded = request.headers.get("x-forwarded-for") if os.environ.get("SPACE_ID") else None
+    if forwarded:
+        return forwarded.split(",")[0].strip()
+    return request.client.host if request.client is not None else "unknown"
+
+
+class ClientLimits:
+    """At most ``per_session`` requests of one Gradio session, and ``per_ip`` of one address, waiting or
+    computing; the queue served round robin by client (see the module's docstring).
+
+    Gradio's queue has no hook for this, so ``install`` wraps its ``push`` (every queued event passes
+    there) and reads its lists of waiting and running events. ``push`` runs on the server's event loop,
+    so the count, the check and the insertion are not interleaved with other clients' joins."""
+
+    def __init__(self, per_session: int = 4, per_ip: int = 16) -> None:
+        self.per_session, self.per_ip = per_session, per_ip
+        self._joining: Counter[str] = Counter()  # joins past the check, not yet in the queue
+
+    def install(self, demo: gr.Blocks) -> None:
+        queue = demo._queue
+        push = queue.push
+
+        async def fair_push(body, request, username):
+            session, ip = body.session_hash, client_ip(request)
+            keys = [f"ip:{ip}"] + ([f"session:{session}"] if session else [])
+            counts = self._counts(queue)
+            for key, limit in zip(keys, (self.per_ip, self.per_session), strict=False):
+                n = counts[key] + self._joining[key]
+                if n >= limit:
+                    who = "this address has" if key.startswith("ip:") else "you have"
+                    message = f"{who.capitalize()} {n} requests waiting or running; wait for them to finish."
+                    log.info("refused a request: its %s has %d waiting or running", key.split(":")[0], n)
+                    refusal = {"__type__": "validate", "is_valid": False, "message": message, "parameter_name": "queue"}
+                    return False, [refusal], "validator_error"  # 422: clients show the message
+            self._joining.update(keys)
+            try:
+                ok, event_id, state = await push(body=body, request=request, username=username)
+            finally:
+                self._joining.subtract(keys)
+                self._joining += Counter()  # drop the zeros
+            if ok:
+                self._place(queue, event_id)
+            return ok, event_id, state
+
+        queue.push = fair_push
+
+    @staticmethod
+    def _events(queue) -> Iterator[tuple[Any, bool]]:
+        """(event, running) for every event waiting or computing."""
+        for events in queue.event_queue_per_concurrency_id.values():
+            for event in events.queue:
+                yield event, False
+        for job in queue.active_jobs:
+            for event in job or ():
+                yield event, True
+
+    def _counts(self, queue) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        for event, _ in self._events(queue):
+            counts[f"ip:{client_ip(event.request)}"] += 1
+            if event.data is not None and event.data.session_hash:
+                counts[f"session:{event.data.session_hash}"] += 1
+        return counts
+
+    @staticmethod
+    def _client(event) -> str:
+        """Whose line an event stands in: its session, or for sessionless API calls its address."""
+        session = event.data.session_hash if event.data is not None else None
+        return session if session and session != event._id else f"ip:{client_ip(event.request)}"
+
+    def _place(self, queue, event_id: str) -> None:
+        """Move the event just queued (last in its line) behind the events that are as deep into their own
+        client's line as it is into its client's (running events count as the first places)."""
+        event = queue.event_ids_to_events.get(event_id)
+        line = queue.event_queue_per_concurrency_id.get(getattr(event, "concurrency_id", None))
+        if event is None or line is None or not line.queue or line.queue[-1] is not event:
+            return
+        line.queue.pop()
+        depth = Counter(self._client(e) for e, running in self._events(queue) if running)
+        mine = self._client(event)
+        rank = depth[mine] + sum(self._client(e) == mine for e in line.queue)
+        for i, other in enumerate(line.queue):
+            key = self._client(other)
+            if depth[key] > rank:
+                line.queue.insert(i, event)
+                return
+            depth[key] += 1
+        line.queue.append(event)
+
+
+# ---------------------------------------------------------------------------------------------- uploads
+
+
+class UploadLimits:
+    """ASGI middleware for Gradio's upload route: an upload must declare its length (411), at most
+    ``max_bytes`` in all (413), and leave ``MIN_FREE_DISK`` free where Gradio stores it (507); refused from
+    its headers at once. Gradio's ``max_file_size`` bounds each file of it as the bytes arrive."""
+
+    def __init__(self, app: Callable, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+        folder = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio")
+        self.folder = next(p for p in (folder, *folder.parents) if p.exists())
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].endswith("/upload"):
+            refusal = self._refusal(dict(scope["headers"]).get(b"content-length", b""))
+            if refusal is not None:
+                status, text = refusal
+                log.info("refused an upload: %s", text)
+                body = text.encode()
+                headers = [
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"content-length", str(len(body)).encode()),
+                ]
+                await send(
+                    {"type": "http.response.start", "status": status, "headers": [*headers, (b"connection", b"close")]}
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, length: bytes) -> tuple[int, str] | None:
+        if not length.isdigit():
+            return 411, "An upload must declare its length (Content-Length)."
+        if int(length) > self.max_bytes + MB:  # the files and the form around them
+            return (
+                413,
+                f"Uploads are at most {self.max_bytes / MB:,.0f} MB at once; this one is {int(length) / MB:,.0f} MB.",
+            )
+        if shutil.disk_usage(self.folder).free - int(length) < MIN_FREE_DISK:
+            return 507, "The server's disk is nearly full; try again later."
+        return None
