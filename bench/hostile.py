@@ -331,7 +331,7 @@ def case_mixed(raw: Raw, inputs: Inputs, row: Row) -> None:
     calls = [
         lambda: raw.call("classify", [img[0], *_settings(m)]),
         lambda: raw.call("rerender", [img[1], *_settings(m)]),
-        lambda: raw.call("explorer_view", [img[2], m]),
+        lambda: raw.call("view", [img[2], m]),
         lambda: raw.call("on_select", [img[3], m, -1, "mean", "mean", 0.0, 0.5], event_data=click),
         lambda: raw.call("explore", [img[4], *_explore_inputs(m)]),
         lambda: raw.call("re_explore", [img[5], *_explore_inputs(m)]),
