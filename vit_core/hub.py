@@ -46,12 +46,14 @@ from huggingface_hub.errors import (
 
 from .checkpoint import (
     CONFIG_NAME,
+    OOD_NAME,
     WEIGHTS_NAME,
     CheckpointError,
     SizeLimits,
     check_size,
     config_from_dict,
     load_model,
+    read_calibration,
     read_config,
     read_header,
     read_json,
@@ -61,12 +63,14 @@ from .checkpoint import (
 from .config import ViTConfig
 from .convert import PREPROCESSOR_NAME, convert_transformers, load_npz, transformers_config
 from .model import VisionTransformer
-from .model_card import METRICS_NAME, read_metrics, read_recipe, render_model_card
+from .model_card import METRICS_NAME, read_evals, read_metrics, read_recipe, render_model_card
 
 PICKLED_WEIGHTS_NAME = "pytorch_model.bin"
 LIBRARY = "vit_core"
 _NAME = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?"  # a Hub user or repo name: no leading/trailing '.' or '-'
 _REPO = re.compile(rf"(?:hf-hub:)?(?P<repo>{_NAME}/{_NAME})(?P<file>/[^@]+)?(?:@(?P<rev>.+))?")
+# Overrides that leave an eval-mode model's outputs as they were, and so its calibration valid.
+_EVAL_NEUTRAL = frozenset({"drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"})
 
 Fetch = Callable[..., Path | None]  # fetch(filename, optional=False) -> local path, or None if optional and absent
 
@@ -143,7 +147,10 @@ def _load_folder(
         cfg = config_from_dict(d, config)
         check_size(cfg.replace(**overrides) if overrides else cfg, limits, config)
         header, read, where = _weights(fetch, source)
-        return load_model(header, read, lambda state: (cfg, dict(state)), where, overrides, limits)
+        model = load_model(header, read, lambda state: (cfg, dict(state)), where, overrides, limits)
+        if set(overrides) <= _EVAL_NEUTRAL:  # another input size (img_size=) gives other probabilities
+            model.calibration = read_calibration(d, fetch, source, model)
+        return model
     if "model_type" in d:  # transformers
         declared = transformers_config(d, source=config)
         check_size(declared.replace(**overrides) if overrides else declared, limits, config)
@@ -306,8 +313,10 @@ def prepare_upload(
     folder: str | Path, repo_id: str, license: str = "apache-2.0", dataset: str | None = None
 ) -> tuple[dict[str, Path], str]:
     """What ``push_to_hub`` uploads from a checkpoint or training run folder: ({name in repo: local
-    file}, model card text). Uploads ``model.safetensors``, ``config.json``, ``metrics.jsonl`` and top-level
-    ``*.png`` (training curves); the card is generated (see ``vit_core.model_card``), never read from the folder."""
+    file}, model card text). Uploads ``model.safetensors``, ``config.json``, ``metrics.jsonl``, top-level ``*.png``
+    (training curves, confusion matrices, reliability diagrams) and, when the config's calibration uses it,
+    ``ood.safetensors``; the card (with the ``eval_*.json`` results) is generated (see ``vit_core.model_card``),
+    never read from the folder."""
     folder = Path(folder)
     missing = [n for n in (WEIGHTS_NAME, CONFIG_NAME) if not (folder / n).is_file()]
     if not folder.is_dir() or missing:
@@ -321,6 +330,10 @@ def prepare_upload(
     if (folder / METRICS_NAME).is_file():
         files[METRICS_NAME] = folder / METRICS_NAME
         metrics = read_metrics(folder / METRICS_NAME)
+    calibration = read_json(folder / CONFIG_NAME).get("calibration")
+    calibration = calibration if isinstance(calibration, dict) else None
+    if calibration and isinstance(calibration.get("ood"), dict) and calibration["ood"].get("file") == OOD_NAME:
+        files[OOD_NAME] = folder / OOD_NAME
     images = sorted(p.name for p in folder.glob("*.png"))
     files.update({name: folder / name for name in images})
     card = render_model_card(
@@ -332,6 +345,8 @@ def prepare_upload(
         images=images,
         license=license,
         dataset=dataset,
+        calibration=calibration,
+        evals=read_evals(folder),
     )
     return files, card
 

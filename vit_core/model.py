@@ -17,7 +17,7 @@ import functools
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .config import ViTConfig
 from .hybrid import ConvStem, ResNetV2Stem
+
+if TYPE_CHECKING:
+    from .calibration import Calibration
 
 
 def resample_pos_embed(
@@ -204,6 +207,8 @@ class VisionTransformer(nn.Module):
         self.num_features = cfg.representation_size or D
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.grad_checkpointing = False
+        # What the checkpoint knows about its probabilities (vit_core.calibration): None until calibrated
+        self.calibration: Calibration | None = None
         if self.pos_embed.device.type != "meta":  # a meta model holds shapes only, for loading into
             self.init_weights()
 
@@ -297,6 +302,7 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
         self.config = self.config.replace(num_classes=num_classes, label_names=label_names)
+        self.calibration = None  # a new head's probabilities are not the calibrated ones
 
     @torch.no_grad()
     def init_weights(self, mode: str = "timm") -> None:
@@ -362,7 +368,8 @@ class VisionTransformer(nn.Module):
     # models from this module: imported when called, so that this module imports neither.
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
-        """Write ``model.safetensors`` and ``config.json`` (timm's Hub layout): ``vit_core.save_pretrained``."""
+        """Write ``model.safetensors`` and ``config.json`` (timm's Hub layout), with the calibration if any:
+        ``vit_core.save_pretrained``."""
         from .checkpoint import save_pretrained
 
         return save_pretrained(self, directory, dtype)
