@@ -253,10 +253,10 @@ def _calibration_section(calibration: dict[str, Any] | None, evals: list[dict[st
         fitted = f", fitted on {calibration['fitted_on']}" if calibration.get("fitted_on") else ""
         lines.append(f"Probabilities are `softmax(logits / T)` with temperature T = {t:.4g}{views}{fitted}.\n")
     else:
-        why = f" ({calibration['fitted_on']})" if (calibration or {}).get("fitted_on") else ""
+        why = f" Recorded: {calibration['fitted_on']}." if (calibration or {}).get("fitted_on") else ""
         lines.append(
-            f"Calibration unknown: no temperature is stored for this checkpoint{why}, so its probabilities are the "
-            "plain softmax (`python -m train calibrate` fits one on held-out training images).\n"
+            "Calibration unknown: no temperature is stored for this checkpoint, so its probabilities are the plain "
+            f"softmax (`python -m train calibrate` fits one on held-out training images).{why}\n"
         )
     rows = [e for e in evals if _is_number(e.get("ece"))]
     if rows:
@@ -270,10 +270,11 @@ def _calibration_section(calibration: dict[str, Any] | None, evals: list[dict[st
     ood = (calibration or {}).get("ood")
     if isinstance(ood, dict) and _is_number(ood.get("threshold")):
         keep = f"{ood['keep']:.0%}" if _is_number(ood.get("keep")) else "most"
-        on = f" of {ood['fitted_on']}" if ood.get("fitted_on") else ""
+        on = f" ({ood['fitted_on']})" if ood.get("fitted_on") else ""
         lines.append(
             f'"None of my classes": an image whose `{ood.get("score")}` score (`vit_core.ood`) is above '
-            f"{ood['threshold']:.4g} is reported as out of distribution; the threshold keeps {keep}{on}.\n"
+            f"{ood['threshold']:.4g} is reported as out of distribution; the threshold keeps {keep} of the held-out "
+            f"in-distribution images{on}.\n"
         )
     lines += [f"![{Path(i).stem}]({i})" for i in images]
     return "\n".join(lines) + "\n"
