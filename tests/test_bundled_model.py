@@ -1,5 +1,5 @@
 """The app's bundled default model: loads offline, is the checkpoint its card describes, classifies real data
-and the app's example photos."""
+and the app's example photos, and carries the calibration its card reports."""
 
 import json
 from pathlib import Path
@@ -9,6 +9,7 @@ import torch
 
 import vit_core
 from train import load_recipe
+from vit_core.calibration import expected_calibration_error, predict
 from vit_core.data import build_dataset, build_transform, default_data_root, load_image
 from vit_core.recipe import Recipe
 
@@ -23,8 +24,9 @@ def test_bundle_is_small_and_is_the_recipes_model():
     assert len(model.label_names) == 10
     # two stages: cifar10_hybrid_pool builds and trains the model, cifar10_hybrid_pool_finetune continues from it
     stage1, stage2 = (json.loads((BUNDLE / f).read_text()) for f in ("stage1_recipe.json", "recipe.json"))
-    assert stage1 == Recipe.from_dict(load_recipe("cifar10_hybrid_pool")).to_dict()
-    assert stage2 == Recipe.from_dict(load_recipe("cifar10_hybrid_pool_finetune")).to_dict()
+    # (read back through Recipe: recipe keys added since, such as classes, take their defaults)
+    assert Recipe.from_dict(stage1).to_dict() == Recipe.from_dict(load_recipe("cifar10_hybrid_pool")).to_dict()
+    assert Recipe.from_dict(stage2).to_dict() == Recipe.from_dict(load_recipe("cifar10_hybrid_pool_finetune")).to_dict()
     assert model.config.stem_channels == tuple(stage1["model_args"]["stem_channels"])
     assert model.config.grid_size == (8, 8)
 
@@ -53,3 +55,22 @@ def test_bundle_classifies_the_app_examples(photo):
         p = model(x).softmax(-1) + model(x.flip(-1)).softmax(-1)
         predicted = model.label_names[p.argmax(-1).item()]
     assert predicted == photo.split("_")[0]
+
+
+@pytest.mark.skipif(not (default_data_root() / "cifar10").is_dir(), reason="CIFAR-10 not found under VIT_DATA")
+def test_bundle_is_calibrated_as_its_eval_reports():
+    """The stored calibration loads: no temperature (the bundle was trained on its held-out images, so a temperature
+    fitted there would be too low) and an OOD detector. On every fifth test image the flip-view ECE is the one
+    ``train eval --tta flip`` recorded for all 10,000 (within sampling noise), and few images are flagged."""
+    model = vit_core.from_pretrained(BUNDLE).eval()
+    cal = model.calibration
+    assert cal is not None and cal.temperature is None and cal.tta == "flip" and "(seen in training)" in cal.fitted_on
+    assert cal.ood is not None and cal.ood.score == "mahalanobis" and cal.ood.keep == 0.95
+    test = build_dataset("cifar10", "test", transform=build_transform(model.pretrained_cfg))
+    idx = torch.arange(0, 10000, 5)
+    preds = [predict(model, test.transform(test.images[i])) for i in idx.split(500)]
+    probs, flagged = torch.cat([p.probs for p in preds]), torch.cat([p.is_ood for p in preds])
+    recorded = json.loads((BUNDLE / "eval_test_flip.json").read_text())
+    assert recorded["temperature"] is None
+    assert expected_calibration_error(probs, test.targets[idx]) == pytest.approx(recorded["ece"], abs=0.015)
+    assert flagged.float().mean().item() < 0.15  # the threshold keeps 95% of held-out training images

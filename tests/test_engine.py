@@ -214,9 +214,9 @@ def test_evaluate_matches_a_plain_count(tmp_path):
     assert result["top1"] == pytest.approx(100 * top1 / len(files))
     assert result["top5"] == 100.0 and result["count"] == len(files)  # two classes: top-5 is everything
 
-    json_path, png_path = write_eval(result, tmp_path / "eval")
+    json_path, png_path, reliability_path = write_eval(result, tmp_path / "eval")
     assert json.loads(json_path.read_text())["confusion"] == confusion.tolist()
-    assert Image.open(png_path).format == "PNG"
+    assert Image.open(png_path).format == Image.open(reliability_path).format == "PNG"
 
     # flip TTA: each image's softmax averaged with its mirror's (mirrored before preprocessing here)
     result = evaluate_checkpoint(tmp_path / "run", str(data), device="cpu", batch_size=7, progress=False, tta="flip")
@@ -233,8 +233,8 @@ def test_evaluate_matches_a_plain_count(tmp_path):
     assert torch.equal(result["confusion"], confusion) and result["tta"] == "flip"
     assert result["top1"] == pytest.approx(100 * top1 / len(files))
     assert result["loss"] == pytest.approx(loss / len(files), rel=1e-5)
-    json_path, png_path = write_eval(result, tmp_path / "eval")
-    assert (json_path.name, png_path.name) == ("eval_test_flip.json", "confusion_test_flip.png")
+    names = [p.name for p in write_eval(result, tmp_path / "eval")]
+    assert names == ["eval_test_flip.json", "confusion_test_flip.png", "reliability_test_flip.png"]
 
 
 def test_flip_translate_tta_against_numpy():

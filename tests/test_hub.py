@@ -31,8 +31,11 @@ import vit_core
 from tests.hub_server import FakeHub
 from vit_core import CheckpointError
 from vit_core.__main__ import main as cli
+from vit_core.calibration import Calibration, predict
+from vit_core.checkpoint import OOD_NAME
 from vit_core.hub import HubError, push_to_hub
 from vit_core.model_card import final_metrics, prepare_upload, read_metrics, render_model_card
+from vit_core.ood import OODDetector, fit_statistics
 
 TOKEN = "hf_aliceWriteToken0123456789abcdef"  # alice's
 BOB_TOKEN = "hf_bobReadToken0123456789abcdef"
@@ -219,6 +222,37 @@ def test_offline_loads_from_cache_without_a_request_and_fails_clearly_when_uncac
     with pytest.raises(HubError, match=r"not in the local cache .* HF_HUB_OFFLINE is set") as e:
         vit_core.from_pretrained("alice/never-downloaded")
     assert "hf download alice/never-downloaded" in str(e.value)
+
+
+def test_calibration_round_trips_through_the_hub(hub, monkeypatch):
+    """A calibrated model pushed and pulled: its temperature, OOD score, threshold and statistics arrive intact
+    (``ood.safetensors`` uploaded beside the weights), from the cache offline too; timm still loads the repo."""
+    model = _model(seed=9)
+    x = torch.randn(40, 3, 32, 32, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        features = model.forward_head(model.forward_features(x), pre_logits=True)
+    stats = fit_statistics("mahalanobis", features, torch.arange(40) % 10, 10)
+    detector = OODDetector("mahalanobis", 50.0, 0.95, stats, "40 random images")
+    model.calibration = Calibration(0.8, "flip", "flip views of 40 random images", detector)
+    push_to_hub(model, "alice/calibrated-vit", token=TOKEN)
+    files = hub.files("alice/calibrated-vit")
+    assert OOD_NAME in files and json.loads(files["config.json"])["calibration"]["temperature"] == 0.8
+    card = files["README.md"].decode()
+    assert "T = 0.8 for `flip` views" in card and "`mahalanobis` score" in card and "above 50" in card
+
+    def same(pulled):
+        cal = pulled.calibration
+        assert (cal.temperature, cal.tta, cal.ood.score, cal.ood.threshold) == (0.8, "flip", "mahalanobis", 50.0)
+        assert all(torch.equal(cal.ood.statistics[k], v) for k, v in stats.items())
+        a, b = predict(model, x[:4]), predict(pulled, x[:4])
+        assert torch.equal(a.probs, b.probs) and torch.equal(a.ood_score, b.ood_score)
+
+    same(vit_core.from_pretrained("alice/calibrated-vit"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    same(vit_core.from_pretrained("alice/calibrated-vit"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    theirs = timm.create_model("hf-hub:alice/calibrated-vit", pretrained=True).eval()
+    assert (_logits(theirs) - _logits(model)).abs().max().item() <= 1e-5
 
 
 def test_server_down_and_uncached_says_so(hf_home, monkeypatch):

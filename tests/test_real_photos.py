@@ -1,5 +1,6 @@
-"""The real-photo check set (bench/real_photos) and the app's examples: they open, their classes are CIFAR-10's,
-and every file's source and licence is recorded (bench/real_photos/SOURCES.md, examples/LICENSES.md)."""
+"""The real-photo check sets (bench/real_photos, and bench/ood_photos of none of the classes) and the app's
+examples: they open, their classes are (or are not) CIFAR-10's, and every file's source and licence is recorded
+(bench/real_photos/SOURCES.md, bench/ood_photos/SOURCES.md, examples/LICENSES.md)."""
 
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ from vit_core.data import load_image
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTOS = ROOT / "bench" / "real_photos"
+OOD_PHOTOS = ROOT / "bench" / "ood_photos"
 EXAMPLES = ROOT / "examples"
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp"}
 
@@ -59,6 +61,21 @@ def test_real_photos_are_listed_with_source_class_and_licence():
 def test_real_photos_stay_small():
     total = sum(p.stat().st_size for p in PHOTOS.rglob("*") if p.is_file())
     assert total < 5 * 2**20, f"bench/real_photos holds {total / 2**20:.1f} MB (keep it under 5 MB)"
+
+
+def test_ood_photos_are_none_of_the_classes_listed_small_and_open():
+    table = read_sources(OOD_PHOTOS / "SOURCES.md")
+    files = [p.relative_to(OOD_PHOTOS).as_posix() for p in _images(OOD_PHOTOS, "*/*")]
+    assert len(files) >= 40
+    _assert_listed_with_licence(files, table, "bench/ood_photos/SOURCES.md")
+    groups = {name.split("/")[0] for name in files}
+    assert not groups & set(CIFAR10), f"groups named as CIFAR-10 classes: {groups & set(CIFAR10)}"
+    for name in files:
+        assert table[name]["group"] == name.split("/")[0] and table[name]["kind"] in ("photo", "cutout"), name
+        img = load_image(OOD_PHOTOS / name)
+        assert img.mode in ("RGB", "L") and max(img.size) <= 256, (name, img.mode, img.size)
+    total = sum(p.stat().st_size for p in OOD_PHOTOS.rglob("*") if p.is_file())
+    assert total < 5 * 2**20, f"bench/ood_photos holds {total / 2**20:.1f} MB (keep it under 5 MB)"
 
 
 @pytest.mark.parametrize("path", _images(EXAMPLES, "*"), ids=lambda p: p.name)

@@ -1,4 +1,5 @@
-"""Command line: ``python -m train [--recipe NAME] ...``, ``python -m train eval ...``, ``python -m train list``.
+"""Command line: ``python -m train [--recipe NAME] ...``, ``python -m train eval ...``,
+``python -m train calibrate ...``, ``python -m train list``.
 
     python -m train --recipe mnist_tiny --out runs/mnist_tiny
     python -m train --recipe cifar10_vit --epochs 5 --seed 0 --out runs/c10
@@ -8,6 +9,7 @@
     torchrun --nproc_per_node 4 -m train --recipe cifar10_vit     # data-parallel, same recipe
     python -m train eval --model runs/c10 --data cifar10
     python -m train eval --model runs/c10 --data cifar10 --tta flip   # average with the mirrored image
+    python -m train calibrate --model runs/c10                     # temperature + OOD threshold into config.json
     python -m train list
 
 Errors in the input (recipe keys, data, checkpoints) end the program with a one-line message and exit
@@ -22,10 +24,20 @@ import os
 import sys
 from pathlib import Path
 
-from vit_core.checkpoint import CheckpointError
+from vit_core.calibration import MAX_TEMPERATURE, MIN_TEMPERATURE
+from vit_core.checkpoint import CheckpointError, write_calibration
 from vit_core.data import ImageDataError
 from vit_core.engine import train
-from vit_core.evaluation import TTA_MODES, evaluate_checkpoint, format_confusion, write_eval
+from vit_core.evaluation import (
+    HELD_OUT,
+    OOD_FIT,
+    TTA_MODES,
+    calibrate_checkpoint,
+    evaluate_checkpoint,
+    format_confusion,
+    write_eval,
+)
+from vit_core.ood import SCORES
 from vit_core.recipe import Recipe, RecipeError
 from vit_core.run_folder import CHECKPOINT_NAME, RECIPE_NAME, DiskFullError
 
@@ -46,7 +58,7 @@ USER_ERRORS = (
 def train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m train",
-        description="Train or fine-tune a ViT from a recipe (train/recipes/). Subcommands: eval, list.",
+        description="Train or fine-tune a ViT from a recipe (train/recipes/). Subcommands: eval, calibrate, list.",
     )
     p.add_argument("--recipe", help="recipe name in train/recipes/ or path to a .py recipe")
     p.add_argument("--out", help="run folder (default runs/<recipe name>)")
@@ -99,6 +111,43 @@ def eval_parser() -> argparse.ArgumentParser:
         "shifted by 1/32 of the side up-left and down-right",
     )
     p.add_argument("--out", help="folder for eval_<split>.json and confusion_<split>.png (default: the model's folder)")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def calibrate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m train calibrate",
+        description="Fit a checkpoint's temperature and out-of-distribution threshold on held-out training images "
+        "and store them in its folder (config.json 'calibration', ood.safetensors). No test image is used. A "
+        "temperature fitted on images the run's recipe trained on is reported, not stored.",
+    )
+    p.add_argument("--model", required=True, help="checkpoint or run folder (written to)")
+    p.add_argument("--data", help="the dataset it was trained on (default: its recipe.json's)")
+    p.add_argument(
+        "--held-out",
+        type=int,
+        nargs=2,
+        default=list(HELD_OUT),
+        metavar=("START", "STOP"),
+        help="training images START..STOP-1 of the fixed shuffle fit the temperature and the threshold "
+        f"(default {HELD_OUT[0]} {HELD_OUT[1]}: train with --set train_subset=[0,{HELD_OUT[0]}] to keep them unseen)",
+    )
+    p.add_argument(
+        "--fit",
+        type=int,
+        nargs=2,
+        default=list(OOD_FIT),
+        metavar=("START", "STOP"),
+        help=f"training images whose features give the OOD statistics (default {OOD_FIT[0]} {OOD_FIT[1]})",
+    )
+    p.add_argument(
+        "--tta", choices=(*TTA_MODES, "none"), default="flip", help="the views calibrated for (the app: flip)"
+    )
+    p.add_argument("--ood", choices=(*SCORES, "none"), default="mahalanobis", help="the out-of-distribution score")
+    p.add_argument("--keep", type=float, default=0.95, help="share of held-out images under the OOD threshold")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -191,8 +240,81 @@ def run_eval(argv: list[str]) -> None:
     folder = args.out or (args.model if Path(args.model).is_dir() else None)
     if folder is None:
         folder = str(Path("runs") / ("eval-" + args.model.replace("/", "--").replace(":", "-")))
-    json_path, png_path = write_eval(result, folder)
-    print(f"wrote {json_path} and {png_path}")
+    if result["temperature"] is not None:
+        print(
+            f"calibration error (ECE, 15 bins): {result['ece']:.4f} with temperature {result['temperature']:.4g}, "
+            f"{result['ece_uncalibrated']:.4f} with the plain softmax"
+        )
+    else:
+        print(f"calibration error (ECE, 15 bins): {result['ece']:.4f} (no temperature stored: the plain softmax)")
+    paths = write_eval(result, folder)
+    print(f"wrote {', '.join(map(str, paths))}")
+
+
+def run_calibrate(argv: list[str]) -> None:
+    args = calibrate_parser().parse_args(argv)
+    folder = Path(args.model)
+    if not (folder / "config.json").is_file():
+        raise RecipeError(f"--model {folder}: not a checkpoint folder (calibrate writes into the folder)")
+    recipe = json.loads((folder / RECIPE_NAME).read_text()) if (folder / RECIPE_NAME).is_file() else {}
+    data = args.data or recipe.get("data")
+    if not isinstance(data, str):
+        raise RecipeError(f"{folder} has no {RECIPE_NAME} naming its data; give --data")
+    held_out = tuple(args.held_out)
+    seen = _trained_on(recipe, held_out) if recipe else None
+    images = f"the held-out images {held_out[0]}..{held_out[1] - 1}"
+    unseen = f"train with --set train_subset=[0,{held_out[0]}] to keep them unseen"
+    if seen:
+        print(
+            f"note: the run's recipe trained on {images}: a temperature fitted there is too low for new images (they "
+            f"would get overconfident probabilities), so it is measured but not stored ({unseen})",
+            file=sys.stderr,
+        )
+    elif seen is None:
+        print(
+            f"note: no {RECIPE_NAME} says whether the model was trained on {images}; if it was, the stored "
+            f"temperature is too low for new images ({unseen})",
+            file=sys.stderr,
+        )
+    tta = None if args.tta == "none" else args.tta
+    calibration, report = calibrate_checkpoint(
+        folder,
+        data,
+        held_out=held_out,
+        fit=tuple(args.fit),
+        tta=tta,
+        ood=None if args.ood == "none" else args.ood,
+        keep=args.keep,
+        seen=seen,
+        store_temperature=not seen,
+        batch_size=args.batch_size,
+        device=args.device,
+        progress=not args.no_progress,
+    )
+    write_calibration(folder, calibration)
+    print(
+        f"{folder}: temperature {report['temperature']:.4g} on {report['images']} held-out images "
+        f"({tta or 'single'} views): NLL {report['nll']:.4f} -> {report['nll_calibrated']:.4f}, "
+        f"ECE {report['ece']:.4f} -> {report['ece_calibrated']:.4f}" + (" (not stored)" if seen else "")
+    )
+    if not MIN_TEMPERATURE * 1.01 < report["temperature"] < MAX_TEMPERATURE / 1.01:
+        print(
+            "note: the temperature is at the end of its range: the held-out images are (nearly) all classified right "
+            "with growing margins, so they cannot say how sure the model should be; use more or harder held-out images",
+            file=sys.stderr,
+        )
+    if calibration.ood is not None:
+        print(f"OOD score {calibration.ood.score}: threshold {report['threshold']:.4g} keeps {args.keep:.0%} of them")
+    print(f"wrote the calibration into {folder / 'config.json'}; check it with python -m train eval --model {folder}")
+
+
+def _trained_on(recipe: dict, held_out: tuple[int, int]) -> bool:
+    """Whether a run's recipe (its own ``train_subset``) trained on images ``held_out`` of the fixed shuffle."""
+    subset = recipe.get("train_subset")
+    if subset is None:
+        return True
+    start, stop = (0, subset) if isinstance(subset, int) else subset
+    return start < held_out[1] and held_out[0] < stop
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:{width}s}  {doc}")
         elif argv[:1] == ["eval"]:
             run_eval(argv[1:])
+        elif argv[:1] == ["calibrate"]:
+            run_calibrate(argv[1:])
         else:
             run_train(argv)
     except USER_ERRORS as e:

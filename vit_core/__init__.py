@@ -5,6 +5,7 @@ model = vit_core.create_model("vit_base_patch16_224", num_classes=10)
 logits, attentions = model(images, return_attention=True)
 vit_core.save_pretrained(model, "runs/b16")
 model = vit_core.from_pretrained("runs/b16", img_size=384)
+p = vit_core.calibration.predict(model, images)  # calibrated probabilities, "none of my classes" (p.is_ood)
 model = vit_core.from_pretrained("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")  # or transformers, .npz
 vit_core.push_to_hub(model, "me/my-vit")
 """

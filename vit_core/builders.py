@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from . import hub
 from .checkpoint import CheckpointError
-from .data import ImageTransform, build_dataset, build_mixup, build_transform, fixed_subset
+from .data import ImageTransform, build_dataset, build_mixup, build_transform, class_subset, fixed_subset
 from .distributed import seed_all
 from .model import VisionTransformer
 from .mpp import MaskedPatchPrediction
@@ -33,13 +33,15 @@ def load_data(spec: str, split: str, transform: ImageTransform, subset: int | li
 
 def build_datasets(recipe: Recipe, pretrained_cfg: dict[str, Any]) -> tuple[Dataset, Dataset]:
     """The training set (with the recipe's augmentation) and the test set, preprocessed as the model's
-    ``pretrained_cfg`` says."""
+    ``pretrained_cfg`` says: the recipe's fixed subsets, then its ``classes``."""
     try:
         train_tf = build_transform(pretrained_cfg, train=True, augment=recipe.augment)
     except ValueError as e:  # e.g. a RandAugment spec timm cannot parse
         raise RecipeError(f"augment: {e}") from None
-    train_set = load_data(recipe.data, "train", train_tf, recipe.train_subset)
-    test_set = load_data(recipe.data, "test", build_transform(pretrained_cfg), recipe.eval_subset)
+    train_set = class_subset(load_data(recipe.data, "train", train_tf, recipe.train_subset), recipe.classes)
+    test_set = class_subset(
+        load_data(recipe.data, "test", build_transform(pretrained_cfg), recipe.eval_subset), recipe.classes
+    )
     if len(train_set) < recipe.batch_size:
         raise RecipeError(f"{len(train_set)} training images is less than one batch ({recipe.batch_size})")
     return train_set, test_set

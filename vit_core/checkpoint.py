@@ -7,6 +7,10 @@ any checkpoint (ours, timm's, converted from transformers or JAX) becomes a mode
 (preprocessing). Fields timm has no argument for (the paper's ``representation_size``, ``norm_eps``, the
 conv stem) are kept under ``vit_core`` so our loader round-trips them; timm ignores that key.
 
+A calibrated checkpoint (``vit_core.calibration``) also has a ``calibration`` section in ``config.json``
+(temperature, and the OOD score, threshold and file) and ``ood.safetensors`` beside it holding the OOD score's
+statistics of training images, linked by its SHA-256; timm ignores both.
+
 Checkpoints come from strangers (Hub repos, uploaded files), so ``load_model`` checks before it
 allocates: the config's types and ranges (``ViTConfig``), the model's size against ``SizeLimits``
 (parameters, and activation memory at the input size), and every tensor's name and shape as the
@@ -16,6 +20,7 @@ read from safetensors here: no pickle is unpickled.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -27,14 +32,21 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file, save_file
+from safetensors.torch import save as safetensors_bytes
 
+from .calibration import Calibration, to_json
 from .config import TIMM_MODEL_ARGS, ViTConfig, get_config, list_models
 from .cost import activation_bytes, state_shapes
 from .model import VisionTransformer
+from .ood import SCORES, STATISTICS, OODDetector
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+OOD_NAME = "ood.safetensors"
+MAX_OOD_ROWS = 1_000_000  # features in a kNN bank
+MAX_OOD_BYTES = 512 * 2**20  # an OOD statistics file: a bank of 10,000 x 192 features in fp16 is 3.8 MB
 MAX_JSON_BYTES = 16 * 2**20  # configs with ImageNet-21k's 21,843 label names are about 1.2 MB
 # timm model_args that change how inputs are handled, not the weights; ours always handles any size.
 _RUNTIME_ONLY_ARGS = {"dynamic_img_size", "dynamic_img_pad", "strict_img_size"}
@@ -201,7 +213,8 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> None:
 
 
 def save_pretrained(model: VisionTransformer, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """Write ``model.safetensors`` and ``config.json`` into ``directory`` (created if needed).
+    """Write ``model.safetensors`` and ``config.json`` into ``directory`` (created if needed), and the model's
+    calibration when it has one (``write_calibration``).
 
     ``dtype`` (e.g. ``torch.bfloat16``) stores the floating-point weights at lower precision.
     """
@@ -214,9 +227,92 @@ def save_pretrained(model: VisionTransformer, directory: str | Path, dtype: torc
             v = v.to(dtype)
         state[k] = v.contiguous()
     atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(state, p, metadata={"format": "pt"}))
-    text = json.dumps(config_to_dict(model.config), indent=2) + "\n"
-    atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(text))
+    _write_config(directory, config_to_dict(model.config), model.calibration)
     return directory
+
+
+def write_calibration(directory: str | Path, calibration: Calibration | None) -> None:
+    """Store ``calibration`` with the checkpoint in ``directory``: the "calibration" section of its
+    ``config.json`` (removed for None; the rest of the file is kept) and ``ood.safetensors``. The weights
+    are not touched."""
+    directory = Path(directory)
+    _write_config(directory, read_json(directory / CONFIG_NAME), calibration)
+
+
+def _write_config(directory: Path, d: dict[str, Any], calibration: Calibration | None) -> None:
+    d = {k: v for k, v in d.items() if k != "calibration"}
+    if calibration is not None:
+        sha256 = None
+        if calibration.ood is not None and calibration.ood.statistics:
+            stats = {k: v.detach().to("cpu").contiguous() for k, v in calibration.ood.statistics.items()}
+            data = safetensors_bytes(stats, metadata={"score": calibration.ood.score})
+            sha256 = hashlib.sha256(data).hexdigest()
+            # the statistics first, then the config naming their SHA-256: a crash in between leaves a pair the
+            # loader refuses (the SHA-256 differs), never one it misreads
+            atomic_write(directory / OOD_NAME, lambda p: Path(p).write_bytes(data))
+        d["calibration"] = to_json(calibration, OOD_NAME, sha256)
+    text = json.dumps(d, indent=2) + "\n"
+    atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(text))
+
+
+def read_calibration(
+    d: dict[str, Any], fetch: Callable[..., Path | None], source: str, model: VisionTransformer
+) -> Calibration | None:
+    """The ``Calibration`` a ``config.json`` dict ``d`` declares (None when it has none), its OOD statistics
+    read with ``fetch(OOD_NAME)`` and checked against ``model`` (names, shapes, SHA-256) before use."""
+    where = f"{source}/{CONFIG_NAME}: calibration"
+    section = d.get("calibration")
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise CheckpointError(f"{where} must be a JSON object, got {type(section).__name__}")
+    ood = section.get("ood")
+    detector = None
+    if ood is not None:
+        if not isinstance(ood, dict):
+            raise CheckpointError(f"{where}.ood must be a JSON object, got {type(ood).__name__}")
+        score = ood.get("score")
+        if score not in SCORES:
+            raise CheckpointError(f"{where}.ood.score must be one of {', '.join(SCORES)}, got {score!r}")
+        statistics = _read_ood_statistics(ood, score, fetch, source, model) if STATISTICS[score] else {}
+        try:
+            detector = OODDetector(score, ood.get("threshold"), ood.get("keep"), statistics, ood.get("fitted_on") or "")
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{where}.ood: {e}") from None
+    try:
+        return Calibration(section.get("temperature"), section.get("tta"), section.get("fitted_on") or "", detector)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
+def _read_ood_statistics(
+    ood: dict[str, Any], score: str, fetch: Callable[..., Path | None], source: str, model: VisionTransformer
+) -> dict[str, torch.Tensor]:
+    if ood.get("file", OOD_NAME) != OOD_NAME:  # a fixed name: a config never chooses which file is read
+        raise CheckpointError(f"{source}/{CONFIG_NAME}: calibration.ood.file must be {OOD_NAME!r}")
+    path = fetch(OOD_NAME)
+    C, D = model.config.num_classes, model.num_features
+    header = read_header(path)
+    expected = {"means": (C, D), "precision": (D, D)}
+    if "bank" in header and len(header["bank"]) == 2 and 1 <= header["bank"][0] <= MAX_OOD_ROWS:
+        expected["bank"] = (header["bank"][0], D)
+    else:
+        expected["bank"] = (f"1..{MAX_OOD_ROWS:,}", D)  # type: ignore[assignment]  # named in the error only
+    expected = {k: expected[k] for k in STATISTICS[score]}
+    check_shapes(header, expected, f"{path} does not fit the {score} score of this model")
+    if Path(path).stat().st_size > MAX_OOD_BYTES:
+        raise CheckpointError(
+            f"{path}: {Path(path).stat().st_size:,} bytes, more than {MAX_OOD_BYTES:,} for OOD statistics"
+        )
+    data = Path(path).read_bytes()
+    if hashlib.sha256(data).hexdigest() != ood.get("sha256"):
+        raise CheckpointError(
+            f"{path} is not the file config.json was calibrated with (SHA-256 differs); calibrate again"
+        )
+    tensors = load_bytes(data)
+    if not all(t.is_floating_point() for t in tensors.values()):
+        raise CheckpointError(f"{path}: OOD statistics must be floating-point tensors")
+    return tensors
 
 
 # ------------------------------------------------------------------------------------ reading

@@ -1,9 +1,8 @@
-"""Evaluation: accuracy, loss and the confusion matrix of a model over batches, of a checkpoint on a
-dataset split (optionally with test-time augmentation), and the files that record a result."""
+"""Evaluation: accuracy, loss, calibration error and the confusion matrix of a model over batches, of a
+checkpoint on a dataset split (optionally with test-time augmentation), and the files that record a result."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -16,32 +15,25 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .builders import load_data, load_init
-from .data import Batches, build_transform
+from .calibration import (
+    ECE_BINS,
+    TTA_MODES,
+    Calibration,
+    bin_counts,
+    ece_from_counts,
+    expected_calibration_error,
+    fit_temperature,
+    forward_views,
+    mixture_log_probs,
+    temperature,
+    tta_views,
+)
+from .data import Batches, build_transform, class_subset
 from .distributed import setup_processes
-from .figures import confusion_figure
+from .figures import confusion_figure, reliability_figure
+from .ood import OODDetector, fit_statistics, ood_scores, threshold_for
 from .recipe import RecipeError
 from .run_folder import commit, write_json
-
-TTA_MODES = ("flip", "flip-translate")
-
-
-def tta_views(images: torch.Tensor, tta: str | None) -> list[tuple[torch.Tensor, float]]:
-    """The (view, weight) pairs whose softmaxes are averaged for a prediction; the weights sum to 1.
-
-    ``None``: the image alone. ``"flip"``: the image and its horizontal mirror, 1/2 each.
-    ``"flip-translate"`` (airbench's, Jordan 2024): those two at 1/4 each, and the mirror pair of the
-    image shifted by s = side/32 px (1 px at 32 px) down-right and up-left, reflect-padded, at 1/8 each.
-    """
-    _check_tta(tta)
-    if tta is None:
-        return [(images, 1.0)]
-    views = [(images, 1.0)]
-    if tta == "flip-translate":
-        H, W = images.shape[-2:]
-        s = max(1, round(W / 32))
-        padded = F.pad(images, (s, s, s, s), mode="reflect")
-        views = [(images, 0.5), (padded[..., :H, :W], 0.25), (padded[..., 2 * s :, 2 * s :], 0.25)]
-    return [(v, w / 2) for view, w in views for v in (view, view.flip(-1))]
 
 
 def _check_tta(tta: str | None) -> None:
@@ -59,31 +51,40 @@ def evaluate(
     progress: bool = False,
     tta: str | None = None,
 ) -> dict[str, Any]:
-    """Top-1 / top-5 accuracy (in %), mean cross-entropy and the confusion matrix (rows: true class,
-    columns: predicted) of ``model`` over ``batches`` of (images, labels). Under DDP each process passes
-    its share and all get the totals.
+    """Top-1 / top-5 accuracy (in %), mean cross-entropy, the confusion matrix (rows: true class, columns:
+    predicted) and the expected calibration error (``vit_core.calibration``, 15 bins) of ``model`` over
+    ``batches`` of (images, labels). Under DDP each process passes its share and all get the totals.
 
-    ``tta`` (test-time augmentation, see :func:`tta_views`): the prediction is the weighted mean of the
-    softmaxes of the image's views; the loss is the cross-entropy of that mean."""
+    The probabilities are the ones the library returns: ``tta`` (test-time augmentation, see
+    :func:`tta_views`) averages the softmaxes of the image's views, each of the logits divided by the
+    model's temperature when it has one; the loss is the cross-entropy of that mean. ``ece`` and
+    ``reliability`` (per bin: images, mean confidence, accuracy) are those of these probabilities;
+    ``ece_uncalibrated`` and ``reliability_uncalibrated`` those with T = 1, and ``temperature`` is None for a
+    model without one."""
     _check_tta(tta)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+    T = temperature(model)
     confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device)
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, top-5 hits, count
+    bins = torch.zeros(2, 3, ECE_BINS, dtype=torch.float64, device=device)  # calibrated, T = 1: calibration.bin_counts
     for x, y in tqdm(batches, desc="eval", leave=False, disable=not progress):
         with autocast():
-            views = [(model(v).float().log_softmax(-1), w) for v, w in tta_views(x, tta)]
-        # log of the weighted mean of the views' softmaxes, computed stably
-        logp = torch.logsumexp(torch.stack([lp + math.log(w) for lp, w in views]), dim=0)
+            views = [(model(v).float(), w) for v, w in tta_views(x, tta)]
+        logits, weights = [z for z, _ in views], [w for _, w in views]
+        logp = mixture_log_probs(logits, weights, T)
         sums[0] += F.nll_loss(logp, y, reduction="sum")
         top = logp.topk(min(5, num_classes), dim=-1).indices
         sums[1] += (top == y[:, None]).any(-1).sum()
         sums[2] += len(y)
         confusion += torch.bincount(y * num_classes + top[:, 0], minlength=num_classes * num_classes)
+        plain = logp if T == 1 else mixture_log_probs(logits, weights)
+        bins += torch.stack([bin_counts(logp.exp(), y), bin_counts(plain.exp(), y)])
     if dist.is_initialized():
         dist.all_reduce(confusion)
         dist.all_reduce(sums)
+        dist.all_reduce(bins)
     model.train(was_training)
     confusion = confusion.view(num_classes, num_classes).cpu()
     n = max(sums[2].item(), 1)
@@ -93,7 +94,19 @@ def evaluate(
         "top5": 100 * sums[1].item() / n,
         "count": int(sums[2].item()),
         "confusion": confusion,
+        "temperature": getattr(getattr(model, "calibration", None), "temperature", None),
+        "ece": ece_from_counts(bins[0]),
+        "ece_uncalibrated": ece_from_counts(bins[1]),
+        "reliability": _reliability(bins[0]),
+        "reliability_uncalibrated": _reliability(bins[1]),
     }
+
+
+def _reliability(counts: torch.Tensor) -> dict[str, list]:
+    """Per confidence bin: images, their mean confidence and accuracy (None for an empty bin)."""
+    n = counts[0].cpu()
+    mean = [[float(v / c) if c else None for v, c in zip(row.cpu(), n, strict=True)] for row in counts[1:]]
+    return {"count": [int(c) for c in n], "confidence": mean[0], "accuracy": mean[1]}
 
 
 @torch.no_grad()
@@ -140,14 +153,16 @@ def evaluate_checkpoint(
     progress: bool = True,
     tta: str | None = None,
 ) -> dict[str, Any]:
-    """Top-1 / top-5 / loss / confusion matrix of a checkpoint (run folder, Hub id, timm:<name>) on a
-    dataset split, preprocessed as the checkpoint's config says; ``tta`` averages each image's
-    prediction over its views (see :func:`tta_views`). Adds ``labels``, ``model``, ``data``, ``split``
+    """:func:`evaluate` of a checkpoint (run folder, Hub id, timm:<name>) on a dataset split, preprocessed as
+    the checkpoint's config says, its probabilities calibrated as its config says; ``tta`` averages each
+    image's prediction over its views (see :func:`tta_views`). A model trained on some of the data's classes
+    (recipe ``classes``) is evaluated on the images of those. Adds ``labels``, ``model``, ``data``, ``split``
     and ``tta`` to :func:`evaluate`'s result."""
     procs = setup_processes(device)
     try:
         net = load_init(str(model)).to(procs.device).eval()
         dataset = load_data(data, split, build_transform(net.pretrained_cfg, train=False), subset)
+        dataset = class_subset(dataset, model_classes(net, dataset.classes))
         classes = list(dataset.classes)
         if net.config.num_classes != len(classes):
             raise RecipeError(
@@ -164,20 +179,133 @@ def evaluate_checkpoint(
     return result | {"labels": labels, "model": str(model), "data": data, "split": split, "tta": tta}
 
 
-def write_eval(result: dict[str, Any], folder: str | Path) -> tuple[Path, Path]:
+HELD_OUT = (45000, 50000)  # CIFAR-10's last 5,000 training images in the fixed shuffle (data.fixed_subset)
+OOD_FIT = (0, 10000)  # the training images whose features the OOD statistics are computed from
+
+
+def calibrate_checkpoint(
+    model: str | Path,
+    data: str,
+    *,
+    held_out: tuple[int, int] = HELD_OUT,
+    fit: tuple[int, int] = OOD_FIT,
+    tta: str | None = "flip",
+    ood: str | None = "mahalanobis",
+    keep: float = 0.95,
+    seen: bool | None = False,
+    store_temperature: bool = True,
+    batch_size: int = 500,
+    device: str = "auto",
+    progress: bool = True,
+) -> tuple[Calibration, dict[str, float]]:
+    """A ``Calibration`` of a checkpoint from training images of ``data``, and what was measured fitting it.
+
+    The temperature (``vit_core.calibration.fit_temperature``) is fitted on the ``held_out`` training images
+    (images a..b-1 of ``data.fixed_subset``'s fixed shuffle) for the ``tta`` views; the ``ood`` score's
+    statistics (``vit_core.ood.fit_statistics``) come from the ``fit`` images' pre-logit features, and its
+    threshold is the ``keep`` quantile of the held-out images' scores. No test image is used. ``seen``: whether
+    the model was trained on the held-out images (None: not known), recorded in ``fitted_on``: a model is right
+    more often on images it was trained on than on new ones, so fitted there the temperature comes out too low.
+    ``store_temperature`` False: the temperature is measured and reported but the calibration holds none
+    (the plain softmax, calibration unknown), e.g. for a model that saw its held-out images.
+
+    Measured (on the held-out images): ``temperature``, ``nll`` / ``ece`` before and after, ``threshold``."""
+    if not (held_out[1] <= fit[0] or fit[1] <= held_out[0]):
+        raise RecipeError(f"the held-out images {list(held_out)} and the OOD fit images {list(fit)} overlap")
+    procs = setup_processes(device)
+    try:
+        return _calibrate(
+            model, data, held_out, fit, tta, ood, keep, seen, store_temperature, batch_size, procs.device, progress
+        )
+    finally:
+        procs.close()
+
+
+def _calibrate(model, data, held_out, fit, tta, ood, keep, seen, store_temperature, batch_size, device, progress):
+    net = load_init(str(model)).to(device).eval()
+    net.calibration = None  # measured from the raw logits
+    transform = build_transform(net.pretrained_cfg, train=False)
+
+    def run(subset: tuple[int, int], views: str | None, what: str):
+        dataset = load_data(data, "train", transform, list(subset))
+        dataset = class_subset(dataset, model_classes(net, dataset.classes))
+        if net.config.num_classes != len(dataset.classes):
+            raise RecipeError(
+                f"{model} predicts {net.config.num_classes} classes but {data} has {len(dataset.classes)}"
+            )
+        logits, features, labels = [], [], []
+        for x, y in tqdm(Batches(dataset, batch_size, device, train=False), desc=what, disable=not progress):
+            z, f, weights, _ = forward_views(net, x, views)
+            logits.append(torch.stack(z).cpu())
+            features.append(torch.stack(f).cpu())
+            labels.append(y.cpu())
+        return list(torch.cat(logits, 1)), list(torch.cat(features, 1)), weights, torch.cat(labels)
+
+    logits, features, weights, labels = run(held_out, tta, "held-out images")
+    T = fit_temperature(logits, weights, labels)
+    before, after = mixture_log_probs(logits, weights), mixture_log_probs(logits, weights, T)
+    seen_note = {True: " (seen in training)", None: " (maybe seen in training)", False: ""}[seen]
+    where = f"{data} training images [{held_out[0]}, {held_out[1]}) of the fixed shuffle{seen_note}"
+    report = {
+        "temperature": T,
+        "nll": float(F.nll_loss(before, labels)),
+        "nll_calibrated": float(F.nll_loss(after, labels)),
+        "ece": expected_calibration_error(before.exp(), labels),
+        "ece_calibrated": expected_calibration_error(after.exp(), labels),
+        "images": len(labels),
+    }
+    detector = None
+    if ood is not None:
+        _, fit_features, _, fit_labels = run(fit, None, "OOD statistics")
+        stats = fit_statistics(ood, fit_features[0], fit_labels, net.config.num_classes)
+        probs = (after if store_temperature else before).exp()  # what predict() will return
+        scores = ood_scores(ood, probs=probs, logits=logits, features=features, statistics=stats)
+        threshold = threshold_for(scores, keep)
+        fitted_on = f"statistics of {data} training images [{fit[0]}, {fit[1]}), threshold on {where}"
+        detector = OODDetector(ood, threshold, keep, stats, fitted_on)
+        report["threshold"] = threshold
+    views = f"{tta} views of " if tta else ""
+    if store_temperature:
+        return Calibration(T, tta, f"{views}{where}", detector), report
+    fitted_on = f"no temperature: fitted on {views}{where}, it was {T:.4g}, not stored"
+    return Calibration(None, tta, fitted_on, detector), report
+
+
+def model_classes(model: nn.Module, data_classes: list[str]) -> list[str] | None:
+    """The data's classes to keep for ``model``: its label names when they are some of the data's classes in
+    another number (a model trained with a recipe's ``classes``), else None (all of them)."""
+    names = getattr(model, "label_names", None)
+    if names and len(names) != len(data_classes) and set(names) <= set(data_classes):
+        return list(names)
+    return None
+
+
+def write_eval(result: dict[str, Any], folder: str | Path) -> tuple[Path, Path, Path]:
     """Save an :func:`evaluate_checkpoint` result as ``eval_<split>.json`` (numbers, labels, confusion
-    matrix) and ``confusion_<split>.png`` in ``folder`` (``_<tta>`` added to both names with ``tta``)."""
+    matrix, calibration), ``confusion_<split>.png`` and the reliability diagram ``reliability_<split>.png``
+    in ``folder`` (``_<tta>`` added to the names with ``tta``)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = result["split"] + (f"_{result['tta']}" if result.get("tta") else "")
     record = {k: v for k, v in result.items() if k != "confusion"} | {"confusion": result["confusion"].tolist()}
     json_path, png_path = folder / f"eval_{name}.json", folder / f"confusion_{name}.png"
+    reliability_path = folder / f"reliability_{name}.png"
     write_json(json_path, record)
     tta = f", {result['tta']} TTA" if result.get("tta") else ""
-    title = f"{Path(result['model']).name} on {result['data']} {result['split']}{tta}: top-1 {result['top1']:.2f}%"
-    image = confusion_figure(result["confusion"], result["labels"], title)
-    commit(folder, {png_path.name: lambda f: image.save(f, format="PNG")})
-    return json_path, png_path
+    what = f"{Path(result['model']).name} on {result['data']} {result['split']}{tta}"
+    image = confusion_figure(result["confusion"], result["labels"], f"{what}: top-1 {result['top1']:.2f}%")
+    curves = {"softmax (T = 1)": result["reliability_uncalibrated"]}
+    if result.get("temperature") is not None:
+        curves[f"calibrated (T = {result['temperature']:.3g})"] = result["reliability"]
+    diagram = reliability_figure(curves, f"{what}\n{result['count']:,} images")
+    commit(
+        folder,
+        {
+            png_path.name: lambda f: image.save(f, format="PNG"),
+            reliability_path.name: lambda f: diagram.save(f, format="PNG"),
+        },
+    )
+    return json_path, png_path, reliability_path
 
 
 def format_confusion(confusion: torch.Tensor, labels: list[str]) -> str:

@@ -1,4 +1,5 @@
-"""Pictures of explanations, as PIL images: heatmap overlays and the paper's figure 7 panels.
+"""Pictures of explanations and results, as PIL images: heatmap overlays, the paper's figure 7 panels,
+training curves, confusion matrices and reliability diagrams.
 
 Computation lives in ``vit_core.explain``; this module only draws. Plots use matplotlib's object API
 (``matplotlib.figure.Figure`` on an Agg canvas), so no GUI backend or global pyplot state is involved
@@ -191,4 +192,35 @@ def confusion_figure(confusion: torch.Tensor | np.ndarray, labels: Sequence[str]
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     ax.set_title(title)
+    return _render(fig)
+
+
+def reliability_figure(curves: dict[str, dict[str, list]], title: str = "") -> Image.Image:
+    """A reliability diagram (Guo et al. 2017, figure 1): per confidence bin, the accuracy of the predictions
+    in it against their mean confidence, one set of bars per entry of ``curves`` (name -> ``count``,
+    ``confidence``, ``accuracy`` lists, as ``vit_core.evaluation`` records them; None for empty bins), with
+    the diagonal of perfect calibration and each curve's ECE; below, the share of images per bin."""
+    fig = Figure(figsize=(5.2, 6), dpi=100, layout="constrained")
+    ax, ax_n = fig.subplots(2, 1, height_ratios=(3, 1), sharex=True)
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="perfect calibration")
+    styles = [dict(fill=False, edgecolor="tab:red", linewidth=1.2), dict(color="tab:blue", alpha=0.6)]
+    for i, (name, r) in enumerate(curves.items()):
+        counts = np.asarray(r["count"], dtype=np.float64)
+        bins = len(counts)
+        width = 1 / bins
+        left = np.arange(bins) * width
+        acc = np.array([np.nan if a is None else a for a in r["accuracy"]])
+        conf = np.array([np.nan if c is None else c for c in r["confidence"]])
+        gaps = np.where(counts > 0, np.abs(np.nan_to_num(acc) - np.nan_to_num(conf)), 0.0)
+        ece = float((counts * gaps).sum() / max(counts.sum(), 1))
+        style = styles[min(i, len(styles) - 1)]
+        ax.bar(left, np.nan_to_num(acc), width=width, align="edge", label=f"{name}: ECE {ece:.3f}", **style)
+        ax_n.bar(left, counts / max(counts.sum(), 1), width=width, align="edge", **style)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title, fontsize=9)
+    ax_n.set_xlabel("confidence (top probability)")
+    ax_n.set_ylabel("share of images")
     return _render(fig)

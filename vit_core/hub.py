@@ -57,6 +57,7 @@ from .checkpoint import (
     check_size,
     config_from_dict,
     load_model,
+    read_calibration,
     read_header,
     read_json,
     read_weights,
@@ -73,6 +74,8 @@ LIBRARY = "vit_core"
 _NAME = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?"  # a Hub user or repo name: no leading/trailing '.' or '-'
 # A Hub reference: [hf-hub:]owner/name[/file.npz][@revision]
 HUB_ID = re.compile(rf"(?:hf-hub:)?(?P<repo>{_NAME}/{_NAME})(?P<file>/[^@]+)?(?:@(?P<rev>.+))?")
+# Overrides that leave an eval-mode model's outputs as they were, and so its calibration valid.
+_EVAL_NEUTRAL = frozenset({"drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"})
 
 Fetch = Callable[..., Path | None]  # fetch(filename, optional=False) -> local path, or None if optional and absent
 
@@ -149,7 +152,10 @@ def _load_folder(
         cfg = config_from_dict(d, config)
         check_size(cfg.replace(**overrides) if overrides else cfg, limits, config)
         header, read, where = _weights(fetch, source)
-        return load_model(header, read, lambda state: (cfg, dict(state)), where, overrides, limits)
+        model = load_model(header, read, lambda state: (cfg, dict(state)), where, overrides, limits)
+        if set(overrides) <= _EVAL_NEUTRAL:  # another input size (img_size=) gives other probabilities
+            model.calibration = read_calibration(d, fetch, source, model)
+        return model
     if "model_type" in d:  # transformers
         declared = transformers_config(d, source=config)
         check_size(declared.replace(**overrides) if overrides else declared, limits, config)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,9 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import ViTConfig
 from .hybrid import ConvStem, ResNetV2Stem
+
+if TYPE_CHECKING:
+    from .calibration import Calibration
 
 
 def resample_pos_embed(
@@ -201,6 +204,8 @@ class VisionTransformer(nn.Module):
         self.num_features = cfg.representation_size or D
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.grad_checkpointing = False
+        # What the checkpoint knows about its probabilities (vit_core.calibration): None until calibrated
+        self.calibration: Calibration | None = None
         if self.pos_embed.device.type != "meta":  # a meta model holds shapes only, for loading into
             self.init_weights()
 
@@ -294,6 +299,7 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
         self.config = self.config.replace(num_classes=num_classes, label_names=label_names)
+        self.calibration = None  # a new head's probabilities are not the calibrated ones
 
     @torch.no_grad()
     def init_weights(self, mode: str = "timm") -> None:

@@ -12,7 +12,11 @@ What is read from a training run folder (the layout ``vit_core.engine`` writes):
   is given: ``mnist``, ``fashion-mnist``, ``cifar10`` map to their Hub datasets, ``hf:owner/name`` is that
   Hub dataset, anything else (a folder) is named but not linked. A recipe with ``task`` other than
   ``classify`` (masked patch prediction pre-training) reports no classification accuracy.
-- top-level ``*.png`` files (training curves): embedded in the card.
+- ``eval_*.json`` (``python -m train eval``): top-1 accuracy and expected calibration error per evaluation,
+  with the ``calibration`` section of ``config.json`` (temperature, OOD score and threshold), in a calibration
+  section; a checkpoint without one says that its calibration is unknown.
+- top-level ``*.png`` files (training curves, confusion matrices; reliability diagrams in the calibration
+  section): embedded in the card.
 
 ``prepare_upload`` says what ``vit_core.hub.push_to_hub`` uploads from such a folder: its files and the card.
 """
@@ -28,7 +32,7 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
-from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, read_config, read_header
+from .checkpoint import CONFIG_NAME, OOD_NAME, WEIGHTS_NAME, CheckpointError, read_config, read_header, read_json
 from .config import ViTConfig, size_name
 from .run_folder import METRICS_NAME
 
@@ -81,6 +85,19 @@ def final_metrics(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | No
         if key is not None:
             return key, row
     return None
+
+
+def read_evals(folder: str | Path) -> list[dict[str, Any]]:
+    """The ``eval_*.json`` records of a folder (``python -m train eval``), by file name; unreadable ones skipped."""
+    out = []
+    for path in sorted(Path(folder).glob("eval_*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and _is_number(record.get("top1")):
+            out.append(record)
+    return out
 
 
 def read_recipe(run_dir: str | Path) -> tuple[dict[str, Any], str] | None:
@@ -136,8 +153,10 @@ def prepare_upload(
     folder: str | Path, repo_id: str, license: str = "apache-2.0", dataset: str | None = None
 ) -> tuple[dict[str, Path], str]:
     """What ``push_to_hub`` uploads from a checkpoint or training run folder: ({name in repo: local
-    file}, model card text). Uploads ``model.safetensors``, ``config.json``, ``metrics.jsonl`` and top-level
-    ``*.png`` (training curves); the card is generated (see ``vit_core.model_card``), never read from the folder."""
+    file}, model card text). Uploads ``model.safetensors``, ``config.json``, ``metrics.jsonl``, top-level ``*.png``
+    (training curves, confusion matrices, reliability diagrams) and, when the config's calibration uses it,
+    ``ood.safetensors``; the card (with the ``eval_*.json`` results) is generated (see ``vit_core.model_card``),
+    never read from the folder."""
     folder = Path(folder)
     missing = [n for n in (WEIGHTS_NAME, CONFIG_NAME) if not (folder / n).is_file()]
     if not folder.is_dir() or missing:
@@ -151,6 +170,10 @@ def prepare_upload(
     if (folder / METRICS_NAME).is_file():
         files[METRICS_NAME] = folder / METRICS_NAME
         metrics = read_metrics(folder / METRICS_NAME)
+    calibration = read_json(folder / CONFIG_NAME).get("calibration")
+    calibration = calibration if isinstance(calibration, dict) else None
+    if calibration and isinstance(calibration.get("ood"), dict) and calibration["ood"].get("file") == OOD_NAME:
+        files[OOD_NAME] = folder / OOD_NAME
     images = sorted(p.name for p in folder.glob("*.png"))
     files.update({name: folder / name for name in images})
     card = render_model_card(
@@ -162,6 +185,8 @@ def prepare_upload(
         images=images,
         license=license,
         dataset=dataset,
+        calibration=calibration,
+        evals=read_evals(folder),
     )
     return files, card
 
@@ -195,9 +220,12 @@ def render_model_card(
     images: list[str] | None = None,
     license: str = "apache-2.0",
     dataset: str | None = None,
+    calibration: dict[str, Any] | None = None,
+    evals: list[dict[str, Any]] | None = None,
 ) -> str:
     """The model card text: YAML front matter (library, license, tags, pipeline, datasets, model-index
-    with the final accuracy) and a body with results, labels, usage, recipe and curves."""
+    with the final accuracy) and a body with results, calibration (``config.json``'s "calibration" section
+    and the ``eval_*.json`` records), labels, usage, recipe and curves."""
     name = repo_id.split("/")[-1]
     dataset = dataset or dataset_from_recipe(recipe[0] if recipe else None)
     dataset_id, dataset_name = _dataset_ids(dataset) if dataset else (None, None)
@@ -250,6 +278,9 @@ def render_model_card(
         if len(history) > 1 and max(history) != row[key]:
             lines.append(f"\nBest {key} during training: {_fmt(max(history))}.")
         parts.append("\n".join(lines) + "\n")
+    reliability = [i for i in images or [] if Path(i).name.startswith("reliability_")]
+    if classifier and (calibration or evals):
+        parts.append(_calibration_section(calibration, evals or [], reliability))
     if cfg.label_names:
         shown = [f"`{i}` {n}" for i, n in enumerate(cfg.label_names[:100])]
         more = f", ... ({len(cfg.label_names)} classes, all in `config.json`)" if len(cfg.label_names) > 100 else ""
@@ -259,10 +290,47 @@ def render_model_card(
         body, fmt = recipe
         text = json.dumps(body, indent=2) if fmt == "json" else yaml.safe_dump(body, sort_keys=False).rstrip()
         parts.append(f"## Training recipe\n\n```{fmt}\n{text}\n```\n")
-    if images:
-        parts.append("## Training curves\n\n" + "\n".join(f"![{Path(i).stem}]({i})" for i in images) + "\n")
+    figures = [i for i in images or [] if i not in reliability]
+    if figures:
+        parts.append("## Training curves\n\n" + "\n".join(f"![{Path(i).stem}]({i})" for i in figures) + "\n")
     parts.append(f"## Citation\n\n```bibtex\n{CITATION}\n```\n")
     return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(parts)
+
+
+def _calibration_section(calibration: dict[str, Any] | None, evals: list[dict[str, Any]], images: list[str]) -> str:
+    """Temperature, calibration error per evaluation, the OOD rule and the reliability diagrams."""
+    lines = ["## Calibration\n"]
+    t = (calibration or {}).get("temperature")
+    if _is_number(t):
+        views = f" for `{calibration['tta']}` views" if calibration.get("tta") else ""
+        fitted = f", fitted on {calibration['fitted_on']}" if calibration.get("fitted_on") else ""
+        lines.append(f"Probabilities are `softmax(logits / T)` with temperature T = {t:.4g}{views}{fitted}.\n")
+    else:
+        why = f" Recorded: {calibration['fitted_on']}." if (calibration or {}).get("fitted_on") else ""
+        lines.append(
+            "Calibration unknown: no temperature is stored for this checkpoint, so its probabilities are the plain "
+            f"softmax (`python -m train calibrate` fits one on held-out training images).{why}\n"
+        )
+    rows = [e for e in evals if _is_number(e.get("ece"))]
+    if rows:
+        lines += ["| evaluation | images | top-1 | ECE, softmax | ECE, calibrated |", "|---|---:|---:|---:|---:|"]
+        for e in rows:
+            what = f"{e.get('data', '?')} {e.get('split', '?')}" + (f", {e['tta']} views" if e.get("tta") else "")
+            calibrated = f"{e['ece']:.4f}" if e.get("temperature") is not None else "-"
+            uncal = e.get("ece_uncalibrated", e["ece"])
+            lines.append(f"| {what} | {e.get('count', '?')} | {e['top1']:.2f}% | {uncal:.4f} | {calibrated} |")
+        lines.append("\nECE: expected calibration error over 15 equal-width confidence bins (Guo et al. 2017).\n")
+    ood = (calibration or {}).get("ood")
+    if isinstance(ood, dict) and _is_number(ood.get("threshold")):
+        keep = f"{ood['keep']:.0%}" if _is_number(ood.get("keep")) else "most"
+        on = f" ({ood['fitted_on']})" if ood.get("fitted_on") else ""
+        lines.append(
+            f'"None of my classes": an image whose `{ood.get("score")}` score (`vit_core.ood`) is above '
+            f"{ood['threshold']:.4g} is reported as out of distribution; the threshold keeps {keep} of the held-out "
+            f"in-distribution images{on}.\n"
+        )
+    lines += [f"![{Path(i).stem}]({i})" for i in images]
+    return "\n".join(lines) + "\n"
 
 
 def _fmt(v: float) -> str:

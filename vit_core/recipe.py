@@ -37,6 +37,8 @@ class Recipe:
     data: str = "cifar10"  # mnist | fashion-mnist | cifar10 | a folder | hf:<name> (vit_core.data)
     train_subset: int | list[int] | None = None  # N: N training images; [a, b]: images a..b-1 (fixed shuffle)
     eval_subset: int | None = None  # evaluate on this many test images (fixed shuffle); None: all
+    # only these of the data's classes, labelled in this order (after the subsets): open-set experiments
+    classes: list[str] | None = None
     augment: dict[str, Any] = field(default_factory=dict)  # vit_core.data.AUGMENT_DEFAULTS keys
     mixup: float = 0.0  # Mixup alpha; 0: off
     cutmix: float = 0.0  # CutMix alpha; 0: off
@@ -135,6 +137,12 @@ class Recipe:
         if self.task == "mpp" and (self.mixup or self.cutmix or self.label_smoothing):
             problems.append("mixup, cutmix and label_smoothing apply to classification, not task='mpp'")
         problems += _subset_problems(self.train_subset, self.eval_subset)
+        if self.classes is not None and (
+            not self.classes
+            or not all(isinstance(c, str) for c in self.classes)
+            or len(set(self.classes)) < len(self.classes)
+        ):
+            problems.append(f"classes must be a list of distinct class names, got {self.classes}")
         try:
             check_augment(self.augment)
         except ValueError as e:

@@ -7,6 +7,7 @@ files are committed so that a kill at any moment leaves a folder that a resume c
     config.json        its config: ``vit_core.from_pretrained(run)`` loads the pair
     metrics.jsonl      one line per epoch
     curves.png         training curves (its text chunk records the epoch)
+    ood.safetensors    OOD statistics, written with config.json's calibration by ``python -m train calibrate``
 
 An epoch's files are all written to temporary names (``.<name>.tmp``) first, then renamed into place,
 ``checkpoint.pt`` first. A kill before that rename leaves the previous epoch's files; a kill between the
@@ -32,7 +33,7 @@ from PIL import Image, PngImagePlugin
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 
-from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, config_to_dict
+from .checkpoint import CONFIG_NAME, OOD_NAME, WEIGHTS_NAME, config_to_dict
 from .recipe import RecipeError
 
 if TYPE_CHECKING:
@@ -44,8 +45,11 @@ METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
 
 _WRITTEN = (RECIPE_NAME, CHECKPOINT_NAME, WEIGHTS_NAME, CONFIG_NAME, METRICS_NAME, CURVES_NAME)  # by a run
-# What a run writes, ``python -m train eval`` included.
-_RUN_FILES = rf"(?:{'|'.join(map(re.escape, _WRITTEN))}|eval_[\w-]+\.json|confusion_[\w-]+\.png)"
+# What a run writes, ``python -m train eval`` and ``calibrate`` included.
+_RUN_FILES = (
+    rf"(?:{'|'.join(map(re.escape, (*_WRITTEN, OOD_NAME)))}|eval_[\w-]+\.json|confusion_[\w-]+\.png"
+    r"|reliability_[\w-]+\.png)"
+)
 # Their temporary files: ``.<name>.tmp`` (``commit``) and ``.<name>.<random>.tmp`` (``checkpoint.atomic_write``).
 _TEMP_FILE = re.compile(rf"\.{_RUN_FILES}\.(?:.*\.)?tmp")
 

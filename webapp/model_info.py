@@ -50,15 +50,36 @@ def facts(model: VisionTransformer) -> str:
     )
 
 
-def verdict(probs: torch.Tensor, names: list[str]) -> str:
-    """The prediction in words: the top class when its probability reaches ``UNSURE_BELOW``, else a guess
-    naming the top two, so a low-confidence answer never reads as a confident one."""
+def verdict(probs: torch.Tensor, names: list[str], is_ood: bool | None = None) -> str:
+    """The prediction in words. ``is_ood`` True (the model's detector said so: ``vit_core.calibration.predict``):
+    none of its classes, naming the closest. Otherwise the top class when its probability reaches
+    ``UNSURE_BELOW``, else a guess naming the top two, so a low-confidence answer never reads as a confident
+    one. ``is_ood`` None (a model without a detector) is today's rule alone."""
     p, i = probs.topk(min(2, len(names)))
     best = f"{names[i[0]]} ({float(p[0]):.0%})"
+    if is_ood:
+        return f"This doesn't look like any of the {len(names)} classes I know — closest: {best}"
     if float(p[0]) >= UNSURE_BELOW:
         return best
     runner_up = f" or {names[i[1]]} ({float(p[1]):.0%})" if len(names) > 1 else ""
     return f"Not sure — maybe {best}{runner_up}"
+
+
+def calibration_note(model: VisionTransformer) -> str:
+    """One line on what the model's confidences mean: calibrated (and with a "none of my classes" check) when its
+    checkpoint stores a calibration, unknown otherwise (Hub checkpoints)."""
+    cal = model.calibration
+    ood = (
+        " Images unlike its training images are reported as none of its classes."
+        if cal is not None and cal.ood is not None
+        else f" Images of other things are not detected (a top class under {UNSURE_BELOW:.0%} is shown as not sure)."
+    )
+    if cal is None or cal.temperature is None:
+        return (
+            "Calibration unknown: this checkpoint stores no fitted temperature, so a confidence may not match how "
+            f"often it is right.{ood}"
+        )
+    return f"Confidences are calibrated (temperature {cal.temperature:.2f}, fitted on held-out training images).{ood}"
 
 
 # ------------------------------------------------------------------------------------------- Inspect

@@ -36,7 +36,7 @@ and RandomErasing from Python's ``random`` (RandAugment also numpy's, erasing no
 for a reproducible run; DataLoader workers are seeded by torch.
 """
 
-from .batches import Batches, fixed_subset
+from .batches import Batches, class_subset, fixed_subset
 from .datasets import HFImageDataset, ImageFolderDataset, InMemoryImageDataset, build_dataset, default_data_root
 from .images import ImageDataError, ImageHeader, load_image, match_channels, read_header, to_model_mode
 from .transforms import AUGMENT_DEFAULTS, ImageTransform, build_mixup, build_transform, check_augment
@@ -54,6 +54,7 @@ __all__ = [
     "build_mixup",
     "build_transform",
     "check_augment",
+    "class_subset",
     "default_data_root",
     "fixed_subset",
     "load_image",

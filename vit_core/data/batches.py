@@ -1,4 +1,5 @@
-"""Batches for training and evaluation: a fixed subset of a dataset, and one process's share of it.
+"""Batches for training and evaluation: a fixed subset of a dataset, a subset of its classes, and one
+process's share of it.
 
 The in-memory datasets whose transform works on uint8 batches (no RandAugment) are indexed and
 transformed a whole batch at a time on the training device; anything else goes through a DataLoader.
@@ -31,6 +32,41 @@ def fixed_subset(dataset: Dataset, spec: int | list[int] | None) -> Dataset:
     sub = Subset(dataset, idx.tolist())
     sub.classes, sub.targets, sub.transform = dataset.classes, dataset.targets[idx], dataset.transform
     return sub
+
+
+def class_subset(dataset: Dataset, classes: list[str] | None) -> Dataset:
+    """``classes`` None: ``dataset``; else only its images of those classes (names from ``dataset.classes``),
+    labelled 0..n-1 in the order given: a closed set whose other classes stay unseen, for open-set
+    recognition (Neal et al. 2018). Unknown names are an ``ImageDataError`` naming them."""
+    if classes is None:
+        return dataset
+    unknown = [c for c in classes if c not in dataset.classes]
+    if unknown or len(set(classes)) != len(classes) or not classes:
+        raise ImageDataError(
+            f"classes must be distinct names of the data's classes ({', '.join(dataset.classes)}); got {classes}"
+        )
+    relabel = torch.full((len(dataset.classes),), -1, dtype=torch.int64)
+    relabel[[dataset.classes.index(c) for c in classes]] = torch.arange(len(classes))
+    new_targets = relabel[dataset.targets]
+    idx = (new_targets >= 0).nonzero().flatten()
+    if isinstance(dataset, InMemoryImageDataset):
+        return InMemoryImageDataset(dataset.images[idx], new_targets[idx], list(classes), dataset.transform)
+    return _Relabelled(dataset, idx, relabel, list(classes))
+
+
+class _Relabelled(Dataset):
+    """``indices`` of ``dataset`` with labels mapped through ``relabel`` (for datasets decoded on access)."""
+
+    def __init__(self, dataset: Dataset, indices: torch.Tensor, relabel: torch.Tensor, classes: list[str]) -> None:
+        self.dataset, self.indices, self.relabel, self.classes = dataset, indices.tolist(), relabel, classes
+        self.targets, self.transform = relabel[dataset.targets[indices]], dataset.transform
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        x, y = self.dataset[self.indices[i]]
+        return x, int(self.relabel[y])
 
 
 class Batches:

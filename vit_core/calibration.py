@@ -1,0 +1,225 @@
+"""Probabilities that mean what they say: temperature scaling, calibration error, and one prediction call.
+
+Temperature scaling (Guo et al. 2017, "On Calibration of Modern Neural Networks", section 4.2) divides the
+logits z by one scalar T > 0 before the softmax, q = softmax(z / T), with T chosen to minimise the negative
+log-likelihood of held-out images. T < 1 sharpens, T > 1 softens; one view's argmax never changes. With
+test-time views (the app's image and its mirror) the probabilities are the weighted mean
+p = sum_v w_v softmax(z_v / T), and T is fitted for that mean: calibrate what is shown.
+
+Calibration error (Naeini et al. 2015; Guo et al. eq. 3): the predictions are put into M = 15 equal-width
+bins by confidence (the top probability), and ECE = sum_m |B_m| / n * |acc(B_m) - conf(B_m)|. A reliability
+diagram draws acc(B_m) against conf(B_m) (``vit_core.figures.reliability_figure``).
+
+A model's ``calibration`` attribute (a ``Calibration``, None when unknown) holds its temperature (None when
+none could be fitted) and, for "none of my classes", an ``OODDetector`` (``vit_core.ood``); ``checkpoint``
+stores both with the weights (``config.json`` "calibration", ``ood.safetensors``). ``predict`` is the one call
+that turns images into what the library returns: calibrated probabilities and, where the model has a detector,
+an OOD score and decision. Models without a temperature get today's softmax (T = 1), without a detector no
+OOD decision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from .ood import OODDetector
+
+if TYPE_CHECKING:
+    from torch import nn
+
+TTA_MODES = ("flip", "flip-translate")
+ECE_BINS = 15
+# The temperatures a fit searches (and a config.json may hold): far beyond any a trained classifier needs.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-2, 1e2
+
+
+def tta_views(images: torch.Tensor, tta: str | None) -> list[tuple[torch.Tensor, float]]:
+    """The (view, weight) pairs whose softmaxes are averaged for a prediction; the weights sum to 1.
+
+    ``None``: the image alone. ``"flip"``: the image and its horizontal mirror, 1/2 each.
+    ``"flip-translate"`` (airbench's, Jordan 2024): those two at 1/4 each, and the mirror pair of the
+    image shifted by s = side/32 px (1 px at 32 px) down-right and up-left, reflect-padded, at 1/8 each.
+    """
+    if tta not in (None, *TTA_MODES):
+        raise ValueError(f"tta must be None or one of {', '.join(TTA_MODES)}, got {tta!r}")
+    if tta is None:
+        return [(images, 1.0)]
+    views = [(images, 1.0)]
+    if tta == "flip-translate":
+        H, W = images.shape[-2:]
+        s = max(1, round(W / 32))
+        padded = F.pad(images, (s, s, s, s), mode="reflect")
+        views = [(images, 0.5), (padded[..., :H, :W], 0.25), (padded[..., 2 * s :, 2 * s :], 0.25)]
+    return [(v, w / 2) for view, w in views for v in (view, view.flip(-1))]
+
+
+def mixture_log_probs(
+    logits: Sequence[torch.Tensor], weights: Sequence[float], temperature: float = 1.0
+) -> torch.Tensor:
+    """log sum_v w_v softmax(z_v / T): the log of the views' weighted mean probabilities, computed stably."""
+    parts = [
+        (z.to(torch.promote_types(z.dtype, torch.float32)) / temperature).log_softmax(-1) + math.log(w)
+        for z, w in zip(logits, weights, strict=True)
+    ]
+    return torch.logsumexp(torch.stack(parts), dim=0)
+
+
+def fit_temperature(logits: Sequence[torch.Tensor], weights: Sequence[float], labels: torch.Tensor) -> float:
+    """The T minimising the mean negative log-likelihood of ``labels`` under ``mixture_log_probs``.
+
+    A 1-D search over log T: a grid of 97 points on [1e-2, 1e2] brackets the minimum, then golden-section
+    search narrows it to 1e-5 relative. (For one view the NLL is convex in 1/T; the grid keeps a mixture of
+    views, which need not be, from stopping in a shallow local minimum.)"""
+    z = [v.double() for v in logits]
+
+    def nll(log_t: float) -> float:
+        logp = mixture_log_probs(z, weights, math.exp(log_t)).double()
+        return float(F.nll_loss(logp, labels))
+
+    lo, hi = math.log(MIN_TEMPERATURE), math.log(MAX_TEMPERATURE)
+    grid = [lo + (hi - lo) * i / 96 for i in range(97)]
+    best = min(range(len(grid)), key=lambda i: nll(grid[i]))
+    a, b = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+    ratio = (math.sqrt(5) - 1) / 2
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = nll(c), nll(d)
+    while b - a > 1e-5:
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = nll(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = nll(d)
+    return math.exp((a + b) / 2)
+
+
+# ------------------------------------------------------------------------------------ calibration error
+
+
+def bin_counts(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> torch.Tensor:
+    """(3, bins) float64 sums per confidence bin: images, confidence, correct predictions. Bins are
+    (m/M, (m+1)/M], the first one closed at 0. Sums add up over batches and processes."""
+    conf, pred = probs.double().max(-1)
+    index = (conf * bins).ceil().long().clamp(1, bins) - 1
+    out = torch.zeros(3, bins, dtype=torch.float64, device=probs.device)
+    out[0].index_add_(0, index, torch.ones_like(conf))
+    out[1].index_add_(0, index, conf)
+    out[2].index_add_(0, index, (pred == labels).double())
+    return out
+
+
+def ece_from_counts(counts: torch.Tensor) -> float:
+    """ECE = sum_m |B_m| / n * |acc(B_m) - conf(B_m)| = sum_m |correct_m - confidence_m| / n."""
+    return float((counts[2] - counts[1]).abs().sum() / counts[0].sum().clamp_min(1))
+
+
+def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> float:
+    """ECE of probabilities (N, C) for ``labels`` (N,) over ``bins`` equal-width confidence bins."""
+    return ece_from_counts(bin_counts(probs, labels, bins))
+
+
+# ------------------------------------------------------------------------------------ the stored record
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a checkpoint knows about its own probabilities: the temperature fitted for the ``tta`` views it
+    is used with (None: none could be fitted, e.g. the only held-out images were seen in training, so the
+    probabilities are the plain softmax and their calibration is unknown), what it was fitted on, and an OOD
+    detector (None: no "none of my classes" decision)."""
+
+    temperature: float | None
+    tta: str | None = "flip"
+    fitted_on: str = ""
+    ood: OODDetector | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        number = isinstance(t, float | int) and not isinstance(t, bool)
+        if t is not None and not (number and MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+            raise ValueError(
+                f"temperature must be null or a number in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {t!r}"
+            )
+        if self.tta not in (None, *TTA_MODES):
+            raise ValueError(f"calibration tta must be null or one of {', '.join(TTA_MODES)}, got {self.tta!r}")
+        if not isinstance(self.fitted_on, str):
+            raise ValueError(f"calibration fitted_on must be a string, got {self.fitted_on!r}")
+
+
+def temperature(model: nn.Module) -> float:
+    """The model's temperature; 1 (the plain softmax) for a model without one."""
+    cal = getattr(model, "calibration", None)
+    return cal.temperature if cal is not None and cal.temperature is not None else 1.0
+
+
+# ------------------------------------------------------------------------------------ predictions
+
+
+@dataclass
+class Prediction:
+    """What ``predict`` returns for a batch of B images."""
+
+    probs: torch.Tensor  # (B, C) float32: calibrated (where the model has a temperature) mean over the views
+    ood_score: torch.Tensor | None  # (B,) float64, higher: less like the training images; None: no detector
+    is_ood: torch.Tensor | None  # (B,) bool: ood_score above the stored threshold; None: no detector
+    attentions: list[torch.Tensor] | None = None  # the first view's attention per block (return_attention)
+
+
+@torch.no_grad()
+def forward_views(
+    model: nn.Module, images: torch.Tensor, tta: str | None, return_attention: bool = False
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float], list[torch.Tensor] | None]:
+    """(logits per view, pre-logit features per view, view weights, the first view's attentions or None)."""
+    logits, features, weights, attentions = [], [], [], None
+    for i, (view, w) in enumerate(tta_views(images, tta)):
+        if return_attention and i == 0:
+            tokens, attentions = model.forward_features(view, return_attention=True)
+        else:
+            tokens = model.forward_features(view)
+        f = model.forward_head(tokens, pre_logits=True)
+        logits.append(model.head(f).float())
+        features.append(f.float())
+        weights.append(w)
+    return logits, features, weights, attentions
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module, images: torch.Tensor, *, tta: str | None = "flip", return_attention: bool = False
+) -> Prediction:
+    """Class probabilities and the "none of my classes" decision for ``images`` (B, C, H, W), model-ready.
+
+    ``tta="flip"`` (the default, as the app) averages the image's and its mirror's softmax; the model's
+    temperature divides each view's logits first. With an OOD detector, its score is computed on the same
+    views and compared with the stored threshold; without one, ``ood_score`` and ``is_ood`` are None and
+    callers fall back to the confidence alone (``webapp.model_info.verdict``)."""
+    logits, features, weights, attentions = forward_views(model, images, tta, return_attention)
+    probs = mixture_log_probs(logits, weights, temperature(model)).exp()
+    cal = getattr(model, "calibration", None)
+    if cal is None or cal.ood is None:
+        return Prediction(probs, None, None, attentions)
+    scores = cal.ood.scores(probs=probs, logits=logits, features=features)
+    return Prediction(probs, scores, cal.ood.is_ood(scores), attentions)
+
+
+def to_json(cal: Calibration, ood_file: str, ood_sha256: str | None) -> dict[str, Any]:
+    """The ``config.json`` "calibration" section of ``cal``; its OOD statistics go in ``ood_file``."""
+    d: dict[str, Any] = {"temperature": cal.temperature, "tta": cal.tta, "fitted_on": cal.fitted_on}
+    if cal.ood is not None:
+        d["ood"] = {
+            "score": cal.ood.score,
+            "threshold": cal.ood.threshold,
+            "keep": cal.ood.keep,
+            "fitted_on": cal.ood.fitted_on,
+            "file": ood_file if cal.ood.statistics else None,
+            "sha256": ood_sha256 if cal.ood.statistics else None,
+        }
+    return d

@@ -1,0 +1,157 @@
+""" "None of my classes": out-of-distribution scores that need no outlier data, and how well they separate.
+
+Every score here is computed from what a classifier already has (its probabilities, logits or pre-logit
+features, and statistics of its own training images) and is oriented the same way: **higher means less like
+the training data**. With test-time views (the image and its mirror) a score is the mean of the views' scores.
+
+- ``msp``: 1 - max_k p_k, the maximum softmax probability baseline (Hendrycks & Gimpel 2017), on the
+  probabilities the model returns (calibrated and averaged over views).
+- ``energy``: -logsumexp_k z_k, the free energy of the logits z (Liu et al. 2020, eq. 4, T = 1).
+- ``knn``: the Euclidean distance from the normalised feature f/|f| to its k-th nearest neighbour among the
+  normalised features of training images (Sun et al. 2022, "Out-of-distribution detection with deep nearest
+  neighbors", eq. 3); k = 10 for a bank of 10,000 images (their k = 50 for 50,000, the same fraction).
+- ``mahalanobis``: min_c (f - mu_c)^T S^-1 (f - mu_c), the squared Mahalanobis distance to the closest class
+  mean under one covariance S shared by the classes (Lee et al. 2018, eq. 2), on pre-logit features.
+
+An ``OODDetector`` is one score, the statistics it needs (``fit_statistics``) and a threshold set on held-out
+in-distribution images only: the ``keep`` quantile of their scores (0.95: 95% of them keep their answer).
+``auroc`` and ``fpr_at_tpr`` measure a score on inside and outside images (bench/ood.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+SCORES = ("msp", "energy", "knn", "mahalanobis")
+KNN_K = 10
+# The statistics each score keeps, by tensor name: what an ood.safetensors file may hold.
+STATISTICS = {"msp": (), "energy": (), "knn": ("bank",), "mahalanobis": ("means", "precision")}
+
+
+def fit_statistics(
+    score: str, features: torch.Tensor, labels: torch.Tensor, num_classes: int
+) -> dict[str, torch.Tensor]:
+    """What ``score`` needs from training images: their pre-logit ``features`` (N, D) and ``labels`` (N,).
+
+    knn: the normalised features, in fp16 (a bank of 10,000 x 192 is 3.8 MB). mahalanobis: the class means
+    (C, D) and the inverse of the shared covariance S = 1/N sum_i (f_i - mu_{y_i})(f_i - mu_{y_i})^T (D, D),
+    computed in float64 and stored in float32."""
+    _check_score(score)
+    if score == "knn":
+        return {"bank": F.normalize(features.double(), dim=-1).half().contiguous()}
+    if score == "mahalanobis":
+        f = features.double()
+        counts = torch.bincount(labels, minlength=num_classes)
+        if (counts == 0).any():
+            raise ValueError(
+                f"mahalanobis needs images of every class; none of class {int((counts == 0).nonzero()[0])}"
+            )
+        means = torch.zeros(num_classes, f.shape[1], dtype=torch.float64).index_add_(0, labels, f) / counts[:, None]
+        centred = f - means[labels]
+        cov = centred.T @ centred / len(f)
+        # a tiny ridge keeps S invertible when a feature is (nearly) constant over the training images
+        cov += 1e-6 * cov.diagonal().mean() * torch.eye(len(cov), dtype=cov.dtype)
+        return {"means": means.float().contiguous(), "precision": torch.linalg.inv(cov).float().contiguous()}
+    return {}
+
+
+def ood_scores(
+    score: str,
+    *,
+    probs: torch.Tensor,
+    logits: Sequence[torch.Tensor],
+    features: Sequence[torch.Tensor],
+    statistics: Mapping[str, torch.Tensor],
+) -> torch.Tensor:
+    """(B,) scores, higher = less like the training images: ``probs`` (B, C) are the returned probabilities
+    (mean over the views), ``logits`` and ``features`` one (B, C) / (B, D) tensor per view."""
+    _check_score(score)
+    if score == "msp":
+        return 1 - probs.double().max(-1).values
+    if score == "energy":
+        return torch.stack([-torch.logsumexp(z.double(), -1) for z in logits]).mean(0)
+    if score == "knn":
+        bank = statistics["bank"].to(features[0].device, torch.float32)
+        k = min(KNN_K, len(bank))
+        # |a - b|^2 = 2 - 2 a.b for unit vectors: the k-th largest similarity is the k-th nearest neighbour
+        sims = [(F.normalize(f.float(), dim=-1) @ bank.T).topk(k, dim=-1).values[:, -1] for f in features]
+        return torch.stack([(2 - 2 * s.double()).clamp_min(0).sqrt() for s in sims]).mean(0)
+    means = statistics["means"].to(features[0].device, torch.float64)
+    precision = statistics["precision"].to(features[0].device, torch.float64)
+    distances = []
+    for f in features:
+        d = f.double()[:, None, :] - means  # (B, C, D)
+        distances.append(torch.einsum("bcd,de,bce->bc", d, precision, d).min(-1).values)
+    return torch.stack(distances).mean(0)
+
+
+def _check_score(score: str) -> None:
+    if score not in SCORES:
+        raise ValueError(f"unknown OOD score {score!r}; one of {', '.join(SCORES)}")
+
+
+@dataclass(frozen=True)
+class OODDetector:
+    """One score with its statistics, and the threshold above which an image is out of distribution."""
+
+    score: str
+    threshold: float
+    keep: float  # the fraction of held-out in-distribution images at or under the threshold
+    statistics: dict[str, torch.Tensor] = field(default_factory=dict)
+    fitted_on: str = ""  # what the statistics and the threshold were computed on, in words
+
+    def __post_init__(self) -> None:
+        _check_score(self.score)
+        if not (isinstance(self.threshold, float | int) and math.isfinite(self.threshold)):
+            raise ValueError(f"OOD threshold must be a finite number, got {self.threshold!r}")
+        if not (isinstance(self.keep, float | int) and 0 < self.keep <= 1):
+            raise ValueError(f"OOD keep must be in (0, 1], got {self.keep!r}")
+        names = set(STATISTICS[self.score])
+        if set(self.statistics) != names:
+            raise ValueError(
+                f"the {self.score} score needs the statistics {sorted(names)}, got {sorted(self.statistics)}"
+            )
+
+    def scores(
+        self, *, probs: torch.Tensor, logits: Sequence[torch.Tensor], features: Sequence[torch.Tensor]
+    ) -> torch.Tensor:
+        return ood_scores(self.score, probs=probs, logits=logits, features=features, statistics=self.statistics)
+
+    def is_ood(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores > self.threshold
+
+
+def threshold_for(scores: torch.Tensor, keep: float) -> float:
+    """The ``keep`` quantile of held-out in-distribution ``scores``: that fraction of them is at or under it."""
+    return float(torch.quantile(scores.double(), keep))
+
+
+# ------------------------------------------------------------------------------------ measuring a score
+
+
+def auroc(inside: torch.Tensor, outside: torch.Tensor) -> float:
+    """Area under the ROC curve of telling ``outside`` from ``inside`` images by score (higher = outside):
+    the probability that an outside image scores higher than an inside one, ties counting 1/2 (the
+    Mann-Whitney U statistic divided by n_in * n_out)."""
+    s = torch.cat([inside, outside]).double()
+    order = s.argsort()
+    ranks = torch.empty_like(s)
+    ranks[order] = torch.arange(1, len(s) + 1, dtype=torch.float64)
+    # tied scores share their mean rank
+    uniq, inverse = torch.unique(s, return_inverse=True)
+    mean_rank = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inverse, ranks)
+    mean_rank /= torch.bincount(inverse, minlength=len(uniq)).double()
+    r_out = mean_rank[inverse[len(inside) :]].sum()
+    n_in, n_out = len(inside), len(outside)
+    return float((r_out - n_out * (n_out + 1) / 2) / (n_in * n_out))
+
+
+def fpr_at_tpr(inside: torch.Tensor, outside: torch.Tensor, tpr: float = 0.95) -> float:
+    """The fraction of ``outside`` images taken for inside ones (score at or under the threshold) when the
+    threshold keeps the fraction ``tpr`` of ``inside`` images: "FPR at 95% TPR" with inside as positives."""
+    return float((outside.double() <= threshold_for(inside, tpr)).double().mean())
