@@ -453,14 +453,18 @@ def test_batch_of_files_and_a_zip_gives_a_gallery_and_a_csv(server, tmp_path):
     assert len(gallery) == 3 and note == "3 image(s) classified, 1 skipped (see the CSV)"
     assert gallery[0]["caption"].startswith("cat_chelsea.jpg: ")
     rows = Path(csv_path).read_text().splitlines()
-    assert rows[0] == "file,prediction,unsure,class_1,p_1,class_2,p_2,class_3,p_3,error"
+    header = "file,prediction,unsure,none_of_my_classes,ood_score,class_1,p_1,class_2,p_2,class_3,p_3,error"
+    assert rows[0] == header
+    # the bundled model has a "none of my classes" detector: the cat is one of its classes, with its score
+    cat = rows[1].split(",")
+    assert cat[3] == "False" and 0 < float(cat[4]) < 738.1, cat  # the stored threshold (config.json)
     assert [r.split(",")[0] for r in rows[1:]] == [
         "cat_chelsea.jpg",
         "photos.zip/nested/cat.jpg",
         "photos.zip/../../../tmp/evil.jpg",
         "photos.zip/broken.png",
     ]
-    assert rows[1].split(",")[3] in LABELS and "not an image" in rows[4]
+    assert rows[1].split(",")[5] in LABELS and "not an image" in rows[4]
     with pytest.raises(AppError, match="Upload"):
         client.predict([], api_name="/batch")
     with pytest.raises(AppError, match="RISE .* is on the Classify tab"):  # hundreds of passes per image: not here

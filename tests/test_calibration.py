@@ -229,7 +229,7 @@ def test_a_model_without_calibration_behaves_as_before(tmp_path):
     p = predict(loaded, x, return_attention=True)
     with torch.no_grad():
         logits, attentions = loaded(x, return_attention=True)
-        mirror = (logits.softmax(-1) + loaded(x.flip(-1)).softmax(-1)) / 2  # webapp.analysis.mirror_mean
+        mirror = (logits.softmax(-1) + loaded(x.flip(-1)).softmax(-1)) / 2  # as the app: the image and its mirror
     assert torch.allclose(p.probs, mirror, atol=1e-6) and p.ood_score is None and p.is_ood is None
     assert all(torch.equal(a, b) for a, b in zip(p.attentions, attentions, strict=True))
     names = loaded.class_names

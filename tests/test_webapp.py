@@ -17,6 +17,7 @@ from vit_core import explain, methods
 from vit_core.data import build_transform, load_image, read_header
 from webapp import analysis, batch, comparison, explorer, model_info, settings
 from webapp.analysis import Analysis, AnalysisCache, analyse
+from webapp.catalog import BUNDLED, ROOT
 from webapp.settings import Settings, parse_settings
 
 from .rss import peak_of
@@ -318,8 +319,9 @@ def test_batch_reads_images_and_zips_safely(tmp_path):
     assert "photos.zip/broken.jpg" in items[2].error and "not an image" in items[2].error
     assert len(gallery) == 3 and gallery[0][1].startswith("photos.zip/a/one.png: ")
     rows = batch.write_csv(items, list(model.label_names), top_k=2).read_text().splitlines()
-    assert rows[0] == "file,prediction,unsure,class_1,p_1,class_2,p_2,error"
-    assert len(rows) == 5 and rows[3].startswith("photos.zip/broken.jpg,,,") and "not an image" in rows[3]
+    assert rows[0] == "file,prediction,unsure,none_of_my_classes,ood_score,class_1,p_1,class_2,p_2,error"
+    assert len(rows) == 5 and rows[3].startswith("photos.zip/broken.jpg,,,,,") and "not an image" in rows[3]
+    assert rows[1].split(",")[3:5] == ["", ""]  # a model without a detector: no decision, no score
 
 
 @pytest.mark.parametrize("method", batch.batchable(), ids=lambda m: m.key)
@@ -333,7 +335,7 @@ def test_batch_results_are_the_classify_tabs(tmp_path, method):
     for item, path, (overlay, caption) in zip(items, paths, gallery, strict=True):
         reference = torch.stack([tf(load_image(path))])
         with torch.no_grad():
-            expected = analysis.mirror_mean(model(reference), model(reference.flip(-1)))[0]
+            expected = (model(reference).softmax(-1) + model(reference.flip(-1)).softmax(-1))[0] / 2
         torch.testing.assert_close(item.probs, expected, atol=0.02, rtol=0)  # large: a reduced decode
         assert max(overlay.size) <= batch.THUMB and caption.startswith(Path(path).name)
 
@@ -431,3 +433,21 @@ def test_a_batch_decodes_one_image_at_a_time_within_its_budgets(tmp_path, monkey
     monkeypatch.setattr(batch, "MAX_DECODE_BYTES", one - 1)
     items, gallery = batch.classify_batch(model, tf, [str(archive)], Settings(method=methods.ROLLOUT), CPU)
     assert not gallery and "classify it on its own" in items[0].error
+
+
+def test_the_app_says_none_of_my_classes_when_the_models_detector_does(tmp_path):
+    """The bundled model stores a "none of my classes" detector: an analysis carries its decision and the
+    verdict says it plainly (a 1x1-pixel image is nothing it knows); a model without one keeps today's rule."""
+    bundled = vit_core.from_pretrained(BUNDLED).eval()
+    tf = build_transform(bundled.pretrained_cfg)
+    speck = tmp_path / "speck.png"
+    Image.new("RGB", (1, 1), (200, 30, 40)).save(speck)
+    a = analyse(bundled, tf, "bundled-speck", str(speck), CPU)
+    assert a.is_ood is True and a.ood_score > bundled.calibration.ood.threshold
+    words = model_info.verdict(a.probs, a.names, a.is_ood)
+    assert words.startswith("This doesn't look like any of the 10 classes I know — closest: ")
+    cat = analyse(bundled, tf, "bundled-cat", str(ROOT / "examples" / "cat_chelsea.jpg"), CPU)
+    assert cat.is_ood is False and model_info.verdict(cat.probs, cat.names, cat.is_ood).startswith("cat (")
+    plain = _model(label_names=("a", "b", "c", "d", "e"))
+    b = analyse(plain, build_transform(plain.pretrained_cfg), "plain-speck", str(speck), CPU)
+    assert b.is_ood is None and b.ood_score is None

@@ -32,10 +32,11 @@ import torch
 from PIL import Image
 
 from vit_core import VisionTransformer, methods
+from vit_core.calibration import predict
 from vit_core.data import ImageDataError, ImageTransform, load_image, read_header
 
 from . import render
-from .analysis import MAX_PIXELS, autocast, mirror_mean, needed_side
+from .analysis import MAX_PIXELS, autocast, needed_side
 from .model_info import UNSURE_BELOW, verdict
 from .settings import Settings
 
@@ -63,6 +64,8 @@ class Item:
     name: str
     error: str | None = None
     probs: torch.Tensor | None = None  # set by classify_batch
+    ood_score: float | None = None  # and, for a model with a "none of my classes" detector, its score
+    is_ood: bool | None = None  # and decision
 
 
 def zip_directory(path: Path) -> tuple[int, int] | None:
@@ -204,7 +207,7 @@ def classify_batch(
     """Every upload of ``paths`` (``read_uploads``) with its probabilities or the reason it was skipped, and
     the gallery: an overlay with a caption per image. Images are decoded, classified and let go one at a
     time, ``chunk_size(s.method)`` per forward pass; each item's ``probs`` are the mean of the image's and its
-    mirror's, as the Classify tab's (``mirror_mean``).
+    mirror's, as the Classify tab's (``vit_core.calibration.predict``), with its "none of my classes" decision.
     The map is ``s.method`` for each image's predicted class, with the options of ``s`` (raw attention: the
     last layer by default, heads averaged); only ``batchable`` methods: RISE, hundreds of forward passes per
     image, is for the Classify tab."""
@@ -246,16 +249,16 @@ def _classify_chunk(
 ) -> list[tuple[Image.Image, str]]:
     x = torch.stack([x for _, x, _ in chunk]).to(device)
     with autocast(device):
-        logits, maps = s.method.fn(model, x, **s.options(), return_logits=True)
-    with torch.no_grad(), autocast(device):
-        mirrored = model(x.flip(-1))
-    p = mirror_mean(logits, mirrored).cpu()
+        _, maps = s.method.fn(model, x, **s.options(), return_logits=True)
+        p = predict(model, x, tta="flip")  # as the Classify tab: the image and its mirror, calibrated, checked
     gallery = []
-    for (item, _, shown), pi, heat in zip(chunk, p, maps.float().cpu(), strict=True):
+    for j, ((item, _, shown), heat) in enumerate(zip(chunk, maps.float().cpu(), strict=True)):
+        item.probs = p.probs[j].float().cpu()
+        if p.ood_score is not None:
+            item.ood_score, item.is_ood = float(p.ood_score[j]), bool(p.is_ood[j])
         box = tuple(round(v) for v in transform.crop_box(*shown.size))
-        caption = f"{item.name}: {verdict(pi, model.class_names)}"
+        caption = f"{item.name}: {verdict(item.probs, model.class_names, item.is_ood)}"
         gallery.append((render.map_on_image(shown, box, heat, s.opacity, ""), caption))
-        item.probs = pi
     return gallery
 
 
@@ -265,8 +268,9 @@ def batchable() -> list[methods.Method]:
 
 
 def write_csv(items: list[Item], names: list[str], top_k: int) -> Path:
-    """A CSV with one row per upload: the verdict, whether it is unsure, the top-k classes and probabilities,
-    or the error. Written to a fresh folder under ``OUT_DIR``; folders older than an hour are removed."""
+    """A CSV with one row per upload: the verdict, whether it is unsure, the "none of my classes" decision and
+    score (empty for a model without a detector), the top-k classes and probabilities, or the error. Written to
+    a fresh folder under ``OUT_DIR``; folders older than an hour are removed."""
     OUT_DIR.mkdir(exist_ok=True)
     for old in OUT_DIR.iterdir():
         if old.is_dir() and time.time() - old.stat().st_mtime > 3600:
@@ -277,15 +281,16 @@ def write_csv(items: list[Item], names: list[str], top_k: int) -> Path:
     k = max(1, min(top_k, len(names)))
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(
-            ["file", "prediction", "unsure", *[f"{c}_{r}" for r in range(1, k + 1) for c in ("class", "p")], "error"]
-        )
+        tops = [f"{c}_{r}" for r in range(1, k + 1) for c in ("class", "p")]
+        w.writerow(["file", "prediction", "unsure", "none_of_my_classes", "ood_score", *tops, "error"])
         for item in items:
             p = item.probs
             if p is None:
-                w.writerow([item.name, "", "", *[""] * (2 * k), item.error])
+                w.writerow([item.name, "", "", "", "", *[""] * (2 * k), item.error])
                 continue
             top = p.topk(k)
             cells = [v for pr, i in zip(top.values, top.indices, strict=True) for v in (names[i], f"{float(pr):.4f}")]
-            w.writerow([item.name, verdict(p, names), float(top.values[0]) < UNSURE_BELOW, *cells, ""])
+            ood = ["", ""] if item.is_ood is None else [item.is_ood, f"{item.ood_score:.4g}"]
+            unsure = float(top.values[0]) < UNSURE_BELOW
+            w.writerow([item.name, verdict(p, names, item.is_ood), unsure, *ood, *cells, ""])
     return path

@@ -82,7 +82,7 @@ def classify(
     top = a.probs.topk(k)
     labels = {a.names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
     overlay = render.map_on_image(a.shown, a.box, heat, s.opacity, method.lower())
-    verdict = model_info.verdict(a.probs, a.names)
+    verdict = model_info.verdict(a.probs, a.names, a.is_ood)
     return labels, render.unique(overlay, method), round(compute_ms, 2), verdict, explains(a, s)
 
 
