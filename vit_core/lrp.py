@@ -57,7 +57,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -110,23 +109,26 @@ def _zplus_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return _with_gradient_of(z, z_pos * _safe_div(z, z_pos).detach())
 
 
-def _gamma(
-    op: Callable[..., torch.Tensor], x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gamma: float
+def _gamma_conv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gamma: float, **conv: object
 ) -> torch.Tensor:
     """Generalised γ-rule (Montavon et al. 2019, "Layer-Wise Relevance Propagation: An Overview"; zennit's
-    ``Gamma``) for ``z = op(x, weight, bias)``, a convolution or linear map: contributions of the output's sign
-    count 1 + γ times. For z > 0 the rule's pre-activation is ``z↑ = op(x⁺, W + γW⁺, b + γb⁺) + op(x⁻, W + γW⁻)``,
-    for z < 0 ``z↓ = op(x⁺, W + γW⁻, b + γb⁻) + op(x⁻, W + γW⁺)``, and ``R_x = x ⊙ ∂z↑/∂x ⋅ R / z↑`` (resp. z↓).
-    γ = 0 is the ε-rule (z↑ = z↓ = z). Signed inputs (normalised pixels) are allowed."""
-    z = op(x, weight, bias)
+    ``Gamma``) for ``z = conv2d(x, W, b)``: contributions of the output's sign count 1 + γ times. For z > 0 the
+    rule's pre-activation is ``z↑ = conv(x⁺, W + γW⁺, b + γb⁺) + conv(x⁻, W + γW⁻)``, for z < 0 ``z↓ =
+    conv(x⁺, W + γW⁻, b + γb⁻) + conv(x⁻, W + γW⁺)``, and ``R_x = x ⊙ ∂z↑/∂x ⋅ R / z↑`` (resp. z↓). γ = 0 is the
+    ε-rule (z↑ = z↓ = z). Signed inputs (normalised pixels) are allowed."""
+    z = F.conv2d(x, weight, bias, **conv)
     if gamma == 0:
         return z
-    up, down = weight + gamma * weight.clamp(min=0), weight + gamma * weight.clamp(max=0)
-    b_up = None if bias is None else bias + gamma * bias.clamp(min=0)
-    b_down = None if bias is None else bias + gamma * bias.clamp(max=0)
-    x_pos, x_neg = x.clamp(min=0), x.clamp(max=0)
-    z_up = op(x_pos, up, b_up) + op(x_neg, down, None)
-    z_down = op(x_pos, down, b_down) + op(x_neg, up, None)
+    # With P = conv(x⁺, W⁺) + conv(x⁻, W⁻), the positive contributions, and N = conv(x, W) - P the negative ones,
+    # z↑ = conv(x, W) + γP + b + γb⁺ and z↓ = conv(x, W) + γN + b + γb⁻: one extra pair of convolutions, not four.
+    z_nobias = z if bias is None else F.conv2d(x, weight, None, **conv)
+    positive = F.conv2d(x.clamp(min=0), weight.clamp(min=0), None, **conv)
+    positive = positive + F.conv2d(x.clamp(max=0), weight.clamp(max=0), None, **conv)
+    z_up, z_down = z_nobias + gamma * positive, z_nobias + gamma * (z_nobias - positive)
+    if bias is not None:
+        z_up = z_up + (bias + gamma * bias.clamp(min=0))[:, None, None]
+        z_down = z_down + (bias + gamma * bias.clamp(max=0))[:, None, None]
     surrogate = torch.where(z > 0, z_up * _safe_div(z, z_up).detach(), z_down * _safe_div(z, z_down).detach())
     return _with_gradient_of(z, surrogate)
 
@@ -243,9 +245,8 @@ def _conv(conv: nn.Conv2d, x: torch.Tensor, gamma: float) -> torch.Tensor:
     under the γ-rule."""
     if isinstance(conv, StdConv2dSame):
         x = pad_same(x, conv.kernel_size[0], conv.stride[0])
-        return _gamma(partial(F.conv2d, stride=conv.stride), x, conv.standardized_weight(), None, gamma)
-    op = partial(F.conv2d, stride=conv.stride, padding=conv.padding)
-    return _gamma(op, x, conv.weight, conv.bias, gamma)
+        return _gamma_conv(x, conv.standardized_weight(), None, gamma, stride=conv.stride)
+    return _gamma_conv(x, conv.weight, conv.bias, gamma, stride=conv.stride, padding=conv.padding)
 
 
 def _group_norm(norm: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
