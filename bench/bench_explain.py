@@ -20,9 +20,8 @@ that the rollout maps equal the hook recipe's.
 ``--costs`` times every relevance map instead, one image per call: ``python -m bench.bench_explain --costs
 bundled vit_base_patch16_224`` (the bundled model, and ViT-B/16 at 224 with random weights). Per method the
 median time per map and the median ratio to a plain forward pass timed in the same repeats (interleaved, the
-order rotated). RISE is timed (3 repeats, with forward passes of their own) only where its ``explain.RISE_MASKS``
-forward passes take under ``--rise-limit`` seconds; otherwise the table gives that many forward passes as an
-estimate.
+order rotated). RISE is timed with the others where its ``explain.RISE_MASKS`` forward passes take under
+``--rise-limit`` seconds; otherwise the table gives that many forward passes as an estimate.
 """
 
 from __future__ import annotations
@@ -147,20 +146,27 @@ def cost_rows(name: str, device: str, repeats: int, rise_limit: float) -> list[d
         "Chefer et al.": lambda: lrp.chefer(model, x),
         "AttnLRP": lambda: lrp.attnlrp(model, x),
     }
-    runs = [_interleaved(fns, repeats, device)]
-    rise_estimate = explain.RISE_MASKS * statistics.median(runs[0]["forward"])
-    if rise_estimate < rise_limit:  # its own run, fewer repeats, with forward passes to compare with
-        runs.append(_interleaved({"forward": forward, "RISE": lambda: explain.rise(model, x)}, 3, device))
+    forward()  # warm-up, then an estimate of RISE's cost from three forward passes
+    t0 = time.perf_counter()
+    for _ in range(3):
+        forward()
+    rise_estimate = explain.RISE_MASKS * (time.perf_counter() - t0) / 3
+    if rise_estimate < rise_limit:
+        fns["RISE"] = lambda: explain.rise(model, x)
+    times = _interleaved(fns, repeats, device)
     rows = []
-    for times in runs:
-        for k, v in times.items():
-            if k == "forward" and rows:
-                continue
-            ratio = statistics.median(a / b for a, b in zip(v, times["forward"], strict=True))
-            rows.append({"model": name, "method": k, "ms": 1000 * statistics.median(v), "ratio": ratio})
-    if len(runs) == 1:
+    for k, v in times.items():
+        ratio = statistics.median(a / b for a, b in zip(v, times["forward"], strict=True))
+        rows.append({"model": name, "method": k, "ms": 1000 * statistics.median(v), "ratio": ratio})
+    if "RISE" not in fns:
+        forward_ms = 1000 * statistics.median(times["forward"])
         rows.append(
-            {"model": name, "method": "RISE (estimate)", "ms": 1000 * rise_estimate, "ratio": explain.RISE_MASKS}
+            {
+                "model": name,
+                "method": "RISE (estimate)",
+                "ms": explain.RISE_MASKS * forward_ms,
+                "ratio": explain.RISE_MASKS,
+            }
         )
     return rows
 

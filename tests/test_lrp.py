@@ -10,6 +10,7 @@ the rules conserve it); the cascading randomisation of Adebayo et al. 2018 on th
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
@@ -461,6 +462,18 @@ def test_maps_restore_modes_and_leave_no_grads():
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.parametrize("kind", ["token", "conv_stem"])
+def test_bf16_model_gives_float32_maps_close_to_fp32(kind):
+    model = make_model(**KINDS[kind])
+    x = image(model)
+    for fn in (lrp.attnlrp, lrp.chefer):
+        want = fn(model, x, [0, 3, 4])
+        got = fn(copy.deepcopy(model).to(torch.bfloat16), x.bfloat16(), [0, 3, 4])
+        assert got.dtype == torch.float32 and torch.isfinite(got).all()
+        assert (got - want).abs().max() < 0.25  # measured: at most 0.18
+        assert rank_correlation(got, want) > 0.9
+
+
 def test_return_logits_and_errors():
     model = make_model()
     x = image(model)
@@ -514,3 +527,39 @@ def test_cascading_randomisation_changes_the_maps(method):
             correlations.append(rank_correlation(trained, method(model, x, t)))
     assert correlations[0] < 0.85
     assert correlations[-1] < 0.35
+
+
+@pytest.mark.parametrize("signed", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gamma_rule_on_a_convolution_matches_its_formula(signed, bias):
+    """The γ-rule of one convolution against zennit's formula written out output by output: R_x = Σ_j
+    (x⁺ (W + γW^±) + x⁻ (W + γW^∓))_ij R_j / z^±_j, the sign chosen by z_j's, with the bias in z^± only.
+    Signed inputs (pixels) and non-negative ones (after a ReLU: the code's one-convolution branch)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, 5, generator=g, dtype=torch.float64)
+    x = x if signed else x.clamp(min=0)
+    w = torch.randn(4, 3, 3, 3, generator=g, dtype=torch.float64)
+    b = 0.3 * torch.randn(4, generator=g, dtype=torch.float64) if bias else None
+    gamma = 0.25
+    x.requires_grad_(True)
+    z = lrp._gamma_conv(x, w, b, gamma, stride=1, padding=1)
+    torch.testing.assert_close(z, F.conv2d(x, w, b, padding=1))
+    R = torch.randn(z.shape, generator=g, dtype=torch.float64)
+    (grad,) = torch.autograd.grad(z, x, grad_outputs=R / z.detach())  # relevance R at z is z ⊙ gradient
+    got = (x * grad).detach()
+
+    xp = F.pad(x.detach(), (1, 1, 1, 1))
+    want = torch.zeros_like(xp)
+    up, down = w + gamma * w.clamp(min=0), w + gamma * w.clamp(max=0)
+    bias_up = torch.zeros(4, dtype=torch.float64) if b is None else b + gamma * b.clamp(min=0)
+    bias_down = torch.zeros(4, dtype=torch.float64) if b is None else b + gamma * b.clamp(max=0)
+    for n in range(2):
+        for j in range(4):
+            for i in range(5):
+                for k in range(5):
+                    patch = xp[n, :, i : i + 3, k : k + 3]
+                    pos, neg = (up[j], down[j]) if z[n, j, i, k] > 0 else (down[j], up[j])
+                    contrib = patch.clamp(min=0) * pos + patch.clamp(max=0) * neg
+                    denom = contrib.sum() + (bias_up[j] if z[n, j, i, k] > 0 else bias_down[j])
+                    want[n, :, i : i + 3, k : k + 3] += contrib / denom * R[n, j, i, k]
+    torch.testing.assert_close(got, want[:, :, 1:-1, 1:-1])

@@ -77,8 +77,9 @@ def _with_gradient_of(value: torch.Tensor, surrogate: torch.Tensor) -> torch.Ten
 
 
 def _safe_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a / b, and 0 where b is 0 (relevance with no path to follow is dropped, as LRP implementations do)."""
-    return torch.where(b == 0, torch.zeros_like(a), a / torch.where(b == 0, torch.ones_like(b), b))
+    """a / b, and 0 where b is 0 (relevance with no path to follow is dropped, as LRP implementations do).
+    For values only (ratios that are detached, backward rules): the unused branch may hold inf."""
+    return torch.where(b == 0, 0.0, a / b)
 
 
 def _half(x: torch.Tensor) -> torch.Tensor:
@@ -117,20 +118,26 @@ def _gamma_conv(
     rule's pre-activation is ``z↑ = conv(x⁺, W + γW⁺, b + γb⁺) + conv(x⁻, W + γW⁻)``, for z < 0 ``z↓ =
     conv(x⁺, W + γW⁻, b + γb⁻) + conv(x⁻, W + γW⁺)``, and ``R_x = x ⊙ ∂z↑/∂x ⋅ R / z↑`` (resp. z↓). γ = 0 is the
     ε-rule (z↑ = z↓ = z). Signed inputs (normalised pixels) are allowed."""
-    z = F.conv2d(x, weight, bias, **conv)
     if gamma == 0:
-        return z
+        return F.conv2d(x, weight, bias, **conv)
     # With P = conv(x⁺, W⁺) + conv(x⁻, W⁻), the positive contributions, and N = conv(x, W) - P the negative ones,
-    # z↑ = conv(x, W) + γP + b + γb⁺ and z↓ = conv(x, W) + γN + b + γb⁻: one extra pair of convolutions, not four.
-    z_nobias = z if bias is None else F.conv2d(x, weight, None, **conv)
-    positive = F.conv2d(x.clamp(min=0), weight.clamp(min=0), None, **conv)
-    positive = positive + F.conv2d(x.clamp(max=0), weight.clamp(max=0), None, **conv)
-    z_up, z_down = z_nobias + gamma * positive, z_nobias + gamma * (z_nobias - positive)
+    # z↑ = conv(x, W) + γP + b + γb⁺ and z↓ = conv(x, W) + γN + b + γb⁻: one extra pair of convolutions, not four,
+    # and after a ReLU (x⁻ = 0) one convolution with W and W⁺ stacked.
+    if bool((x < 0).any()):
+        z_nobias = F.conv2d(x, weight, None, **conv)
+        positive = F.conv2d(x.clamp(min=0), weight.clamp(min=0), None, **conv)
+        positive = positive + F.conv2d(x.clamp(max=0), weight.clamp(max=0), None, **conv)
+    else:
+        z_nobias, positive = F.conv2d(x, torch.cat([weight, weight.clamp(min=0)]), None, **conv).chunk(2, dim=1)
+    z = z_nobias if bias is None else z_nobias + bias[:, None, None]
+    up = z > 0
+    # the contributions of the output's own sign, P where z > 0 and N elsewhere, count 1 + γ times: z↑ or z↓
+    rule = z_nobias + gamma * torch.where(up, positive, z_nobias - positive)
     if bias is not None:
-        z_up = z_up + (bias + gamma * bias.clamp(min=0))[:, None, None]
-        z_down = z_down + (bias + gamma * bias.clamp(max=0))[:, None, None]
-    surrogate = torch.where(z > 0, z_up * _safe_div(z, z_up).detach(), z_down * _safe_div(z, z_down).detach())
-    return _with_gradient_of(z, surrogate)
+        b_up = (bias + gamma * bias.clamp(min=0))[:, None, None]
+        b_down = (bias + gamma * bias.clamp(max=0))[:, None, None]
+        rule = rule + torch.where(up, b_up, b_down)
+    return _with_gradient_of(z, rule * _safe_div(z, rule).detach())
 
 
 def _layer_norm_linear(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
