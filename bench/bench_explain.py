@@ -180,7 +180,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--costs", nargs="+", help="time every map on these models instead ('bundled' or a variant name)")
-    p.add_argument("--rise-limit", type=float, default=30.0, help="time RISE only under this many seconds per map")
+    p.add_argument("--rise-limit", type=float, default=120.0, help="time RISE only under this many seconds per map")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
