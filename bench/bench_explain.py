@@ -16,6 +16,12 @@ The three are interleaved repeat by repeat so machine noise hits them alike; the
 times, the median of the per-repeat ratios, and the ratio of the fastest repeats (the least disturbed
 estimate on a busy machine). Target: rollout / forward <= 1.15. The script also checks
 that the rollout maps equal the hook recipe's.
+
+``--costs`` times every relevance map instead, one image per call: ``python -m bench.bench_explain --costs
+bundled vit_base_patch16_224`` (the bundled model, and ViT-B/16 at 224 with random weights). Per method the
+median time per map and the median ratio to a plain forward pass timed in the same repeats (interleaved, the
+order rotated). RISE is timed with the others where its ``explain.RISE_MASKS`` forward passes take under
+``--rise-limit`` seconds; otherwise the table gives that many forward passes as an estimate.
 """
 
 from __future__ import annotations
@@ -28,8 +34,11 @@ import timm
 import torch
 
 import vit_core
+from vit_core import explain, lrp
 from vit_core.config import TIMM_MODEL_ARGS
 from vit_core.explain import attention_rollout
+
+BUNDLED = "models/cifar10_hybrid_pool"
 
 
 def _sync(device: str) -> None:
@@ -102,6 +111,66 @@ def bench_row(name: str, batch: int, device: str, dtype: torch.dtype, repeats: i
     }
 
 
+def _interleaved(fns: dict, repeats: int, device: str) -> dict[str, list[float]]:
+    """Seconds per call of each function, the functions run in turn within each repeat, the order rotated."""
+    for fn in fns.values():  # warm-up
+        fn()
+    times = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            _sync(device)
+            t0 = time.perf_counter()
+            fns[k]()
+            _sync(device)
+            times[k].append(time.perf_counter() - t0)
+    return times
+
+
+def cost_rows(name: str, device: str, repeats: int, rise_limit: float) -> list[dict]:
+    """Cost of one map by every method for one image: milliseconds and the ratio to a forward pass."""
+    torch.manual_seed(0)
+    model = vit_core.from_pretrained(name) if name == BUNDLED else vit_core.create_model(name)
+    model = model.to(device).eval()
+    x = torch.randn(1, model.config.in_chans, *model.config.img_hw, device=device)
+
+    def forward():
+        with torch.no_grad():
+            model(x)
+
+    fns = {
+        "forward": forward,
+        "raw attention": lambda: explain.attention_maps(model, x, layer=-1),
+        "attention rollout": lambda: explain.attention_rollout(model, x),
+        "gradient rollout": lambda: explain.gradient_rollout(model, x),
+        "Chefer et al.": lambda: lrp.chefer(model, x),
+        "AttnLRP": lambda: lrp.attnlrp(model, x),
+    }
+    forward()  # warm-up, then an estimate of RISE's cost from three forward passes
+    t0 = time.perf_counter()
+    for _ in range(3):
+        forward()
+    rise_estimate = explain.RISE_MASKS * (time.perf_counter() - t0) / 3
+    if rise_estimate < rise_limit:
+        fns["RISE"] = lambda: explain.rise(model, x)
+    times = _interleaved(fns, repeats, device)
+    rows = []
+    for k, v in times.items():
+        ratio = statistics.median(a / b for a, b in zip(v, times["forward"], strict=True))
+        rows.append({"model": name, "method": k, "ms": 1000 * statistics.median(v), "ratio": ratio})
+    if "RISE" not in fns:
+        forward_ms = 1000 * statistics.median(times["forward"])
+        rows.append(
+            {
+                "model": name,
+                "method": "RISE (estimate)",
+                "ms": explain.RISE_MASKS * forward_ms,
+                "ratio": explain.RISE_MASKS,
+            }
+        )
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["vit_tiny_patch16_224", "vit_base_patch16_224"])
@@ -110,9 +179,19 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--costs", nargs="+", help="time every map on these models instead ('bundled' or a variant name)")
+    p.add_argument("--rise-limit", type=float, default=120.0, help="time RISE only under this many seconds per map")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.costs:
+        print(f"device={args.device} threads={torch.get_num_threads()} repeats={args.repeats} batch=1 fp32")
+        print("| model | method | ms per map | ratio to a forward pass |")
+        print("|---|---|---|---|")
+        for name in args.costs:
+            for r in cost_rows(BUNDLED if name == "bundled" else name, args.device, args.repeats, args.rise_limit):
+                print(f"| {r['model']} | {r['method']} | {r['ms']:.1f} | {r['ratio']:.2f} |", flush=True)
+        return
     dtype = getattr(torch, args.dtype)
     print(f"device={args.device} dtype={args.dtype} threads={torch.get_num_threads()} repeats={args.repeats}")
     print(

@@ -1,34 +1,42 @@
-"""Do the relevance maps point at what the model uses? Deletion/insertion AUC on real test images.
+"""Do the relevance maps point at what the model uses? Deletion/insertion AUC and ROAD on real test images.
 
     python -m bench.explain_sanity                       # the bundled model, 300 CIFAR-10 test images
-    python -m bench.explain_sanity --model runs/cifar10_vit_cpu --n 500 --out bench/results/explain_vit.md
+    python -m bench.explain_sanity --model models/cifar10_vit --n 500 --out bench/results/explain_vit.md
     python -m bench.explain_sanity --model runs/mnist_tiny --data mnist --methods gradient "rollout(start_layer=1)"
 
-For a trained checkpoint and ``n`` test images (a fixed random subset), scores each map with
-``vit_core.faithfulness.deletion_insertion_auc`` (Petsiuk et al., "RISE", BMVC 2018: pixels removed / revealed
-in order of relevance, probability of the predicted class tracked, area under the curve) on two
-baselines: ``mean`` (removed pixels take the dataset mean colour) and ``blur`` (they take the image under
-a Gaussian blur of σ = a quarter of each side, ``faithfulness.BLUR_SIGMA``). Two maps that ignore the image
-anchor the scale:
+For a trained checkpoint and ``n`` test images (a fixed random subset), scores each map on three baselines:
+
+- ``mean`` and ``blur``: ``vit_core.faithfulness.deletion_insertion_auc`` (Petsiuk et al., "RISE", BMVC 2018: pixels
+  removed / revealed in order of relevance, probability of the predicted class tracked, area under the curve),
+  removed pixels taking the dataset mean colour, or the image under a Gaussian blur of σ = a quarter of each
+  side (``faithfulness.BLUR_SIGMA``);
+- ``road``: ``vit_core.road.road`` (Rong et al., ICML 2022): removed pixels filled by noisy linear imputation
+  from their neighbours, which hides where pixels were removed; MoRF (most relevant removed first, lower is
+  better) and LeRF (least relevant first, higher is better), each the predicted class's probability averaged
+  over removing 10%, 20%, ..., 90% of the pixels.
+
+Two maps that ignore the image anchor the scale:
 
 - ``random``: uniform noise on the token grid, the chance level;
 - ``centre``: ``explain.centre_gaussian_map``, a Gaussian on the middle of the grid. CIFAR-10's objects
   are centred, so this is the bar an explanation has to clear to show it finds the image's own evidence.
 
-Per baseline and map the table gives the AUCs (mean ± standard error over the images), the paired
+Per baseline and map the table gives the scores (mean ± standard error over the images), the paired
 differences from the centre map on the same images (± their standard error), the fraction of images on
-which the map deletes better (lower AUC) and inserts better (higher AUC) than the centre map, and whether
-it *beats the centre*: deletion lower and insertion higher, both by more than two standard errors of the
-paired difference. A second table gives the model's probability of its predicted class on the original
-images, the fully mean-filled images and the fully blurred images, with the blur of σ = 5 px at 224 px
-(RISE's, 0.7 px at 32 px: the baseline's σ before it became a quarter of the side) for comparison.
+which the map does better than the centre map on each score, and whether it *beats the centre*: better on
+both scores, each by more than two standard errors of the paired difference. Then the ranking of the maps
+under each score, and, when ``rise`` is among the methods, every map's paired differences from RISE. A last
+table gives the model's probability of its predicted class on the original images, the fully mean-filled
+images and the fully blurred images, with the blur of σ = 5 px at 224 px (RISE's, 0.7 px at 32 px: the
+baseline's σ before it became a quarter of the side) for comparison.
 
 Methods are given as ``name`` or ``name(key=value,...)``, the keywords going to the function: the ``key`` of
 any method of ``vit_core.methods`` (``rise``: ``explain.rise``, n_masks, cells, p_keep, seed; ``rollout``:
 ``explain.attention_rollout``, head_fusion, discard_ratio, start_layer; ``gradient``:
 ``explain.gradient_rollout``; ``attention``: ``explain.attention_maps``, layer, head, the last layer and the
-mean of the heads by default), ``centre`` (``explain.centre_gaussian_map``: sigma) and ``random``.
-``--out FILE.md`` writes the tables to FILE.md and the numbers to FILE.json.
+mean of the heads by default; ``attnlrp``: ``lrp.attnlrp``, conv_gamma; ``chefer``: ``lrp.chefer``), ``centre``
+(``explain.centre_gaussian_map``: sigma) and ``random``. ``--out FILE.md`` writes the tables to FILE.md and the
+numbers to FILE.json (the per-image scores, which the paired differences from RISE use, stay out of it).
 """
 
 from __future__ import annotations
@@ -47,12 +55,21 @@ import torchvision.transforms.functional as TF
 from tqdm import tqdm
 
 import vit_core
-from vit_core import explain, faithfulness, methods
+from vit_core import explain, faithfulness, methods, road
 from vit_core.data import build_dataset, build_transform
 
 ANCHORS = {"random": "random map", "centre": "centre Gaussian"}  # maps that ignore the image
-BASELINES = ("mean", "blur")
+BASELINES = ("mean", "blur", "road")
+# the two scores of each baseline: the first lower is better, the second higher
+SCORES = {"mean": ("deletion", "insertion"), "blur": ("deletion", "insertion"), "road": ("morf", "lerf")}
+LABELS = {"deletion": "deletion AUC", "insertion": "insertion AUC", "morf": "MoRF", "lerf": "LeRF"}
+ROAD_BATCH = 64  # imputed images per conjugate-gradient solve and forward pass
 RISE_SIGMA_PX_AT_224 = 5.0  # RISE's insertion blur, the blur baseline's σ before the fix
+
+
+def names() -> dict[str, str]:
+    """Every map by its name on the command line: the table's methods, then the two anchors."""
+    return {m.key: m.title for m in methods.METHODS} | ANCHORS
 
 
 def random_map(seed: int) -> explain.MapFn:
@@ -76,11 +93,6 @@ def _value(text: str) -> int | float | str:
     return text
 
 
-def names() -> dict[str, str]:
-    """Every map by its name on the command line: the table's methods, then the two anchors."""
-    return {m.key: m.title for m in methods.METHODS} | ANCHORS
-
-
 def parse_method(spec: str, seed: int) -> explain.MapFn:
     """``name`` or ``name(key=value,...)`` -> a map function (see the module docstring)."""
     functions: dict[str, Callable[..., torch.Tensor]] = {m.key: m.fn for m in methods.METHODS}
@@ -98,6 +110,8 @@ def parse_method(spec: str, seed: int) -> explain.MapFn:
         if kwargs:
             raise SystemExit("the random map takes no arguments")
         return random_map(seed)
+    if m[1] == "attention":
+        kwargs.setdefault("layer", -1)
     return partial(functions[m[1]], **kwargs)
 
 
@@ -132,6 +146,17 @@ def end_points(model: torch.nn.Module, images: torch.Tensor, target: torch.Tenso
     return out
 
 
+def _scores(model, images, map_fn, target, baseline: str, steps: int, batch_size: int, seed: int) -> dict:
+    """Per-image scores of one map on one baseline: deletion/insertion AUCs, or ROAD's MoRF/LeRF."""
+    if baseline == "road":
+        # one imputation (a conjugate-gradient solve) per removal level: small batches, as the slowest
+        # system of a batch sets its number of iterations
+        return road.road(model, images, map_fn, target, batch_size=min(batch_size, ROAD_BATCH), seed=seed)
+    return faithfulness.deletion_insertion_auc(
+        model, images, map_fn, target, steps=steps, baseline=baseline, batch_size=batch_size
+    )
+
+
 def score(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -143,13 +168,15 @@ def score(
     chunk: int = 25,
     progress: bool = False,
 ) -> dict:
-    """Deletion/insertion AUC of every method on every baseline, with paired comparisons to ``centre``.
+    """Scores of every method on every baseline, with paired comparisons to ``centre``.
 
     Each method's maps are computed once, ``chunk`` images at a time, then scored ``chunk`` images at a time
-    (a progress bar step each). Returns ``{"probability": end_points(...), "results": [row, ...]}`` with one
-    row per (baseline, method): the AUCs' mean and standard error, the paired differences from the centre
-    map (mean, standard error), the fractions of images on which the method's deletion is lower /
-    insertion higher than the centre map's, and whether it beats the centre map (both beyond 2 SE).
+    (a progress bar step each; ROAD's noise seeded by the chunk's first image). Returns ``{"probability":
+    end_points(...), "results": [row, ...], "per_image": {baseline: {method: {score: [...]}}}}`` with one row
+    per (baseline, method): each score's mean and standard error (deletion/insertion AUC, or ROAD's MoRF/LeRF),
+    the paired differences from the centre map (mean, standard error), the fractions of images on which the
+    method does better than the centre map (lower first score, higher second), and whether it beats the centre
+    map (both beyond 2 SE).
     """
     if "centre" not in methods:
         methods = [*methods, "centre"]
@@ -175,58 +202,68 @@ def score(
             parts = []
             for i in range(0, len(images), chunk):
                 part = slice(i, i + chunk)
-                parts.append(
-                    faithfulness.deletion_insertion_auc(
-                        model,
-                        images[part],
-                        lambda _m, _x, part=part, spec=spec: maps[spec][part],
-                        target[part],
-                        steps=steps,
-                        baseline=baseline,
-                        batch_size=batch_size,
-                    )
-                )
+
+                def fn(_m, _x, part=part, spec=spec):
+                    return maps[spec][part]
+
+                parts.append(_scores(model, images[part], fn, target[part], baseline, steps, batch_size, i))
                 bar.update(len(images[part]))
-            per_image[baseline, spec] = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            per_image[baseline, spec] = {k: torch.cat([p[k] for p in parts]) for k in SCORES[baseline]}
     bar.close()
 
     probability = end_points(model, images, target, batch_size)
     rows = []
     for baseline in baselines:
         centre = per_image[baseline, "centre"]
+        lower, higher = SCORES[baseline]
         for spec in methods:
             r = per_image[baseline, spec]
             row: dict = {"method": spec, "baseline": baseline}
-            for k in ("deletion", "insertion"):
+            for k in (lower, higher):
                 row[k] = _mean_se(r[k])
                 row[f"{k}_minus_centre"] = _mean_se(r[k] - centre[k])
-            row["deletion_below_centre"] = (r["deletion"] < centre["deletion"]).double().mean().item()
-            row["insertion_above_centre"] = (r["insertion"] > centre["insertion"]).double().mean().item()
-            d, i = row["deletion_minus_centre"], row["insertion_minus_centre"]
+            row[f"{lower}_below_centre"] = (r[lower] < centre[lower]).double().mean().item()
+            row[f"{higher}_above_centre"] = (r[higher] > centre[higher]).double().mean().item()
+            d, i = row[f"{lower}_minus_centre"], row[f"{higher}_minus_centre"]
             row["beats_centre"] = d["mean"] + 2 * d["se"] < 0 and i["mean"] - 2 * i["se"] > 0
             rows.append(row)
-    return {"probability": probability, "results": rows}
+    scores = {b: {m: {k: v.tolist() for k, v in per_image[b, m].items()} for m in methods} for b in baselines}
+    return {"probability": probability, "results": rows, "per_image": scores}
+
+
+def _paired(report: dict, baseline: str, method: str, versus: str, key: str) -> dict[str, float]:
+    a, b = (torch.tensor(report["per_image"][baseline][m][key]) for m in (method, versus))
+    return _mean_se(a - b)
 
 
 def markdown(report: dict) -> str:
-    """The report as markdown: a header line, the AUC table per baseline, the end-point probabilities."""
+    """The report as markdown: a header line, the score table per baseline, the rankings, the paired
+    differences from RISE (when it was scored), the end-point probabilities."""
     lines = [
         f"`{report['model']}` on {report['n']} {report['data']} test images (seed {report['seed']}): "
         f"accuracy {report['accuracy']:.3f}; {report['steps']} steps; "
         f"{report['cpu_s']:.0f} s CPU, {report['wall_s']:.0f} s wall",
     ]
-    for baseline in dict.fromkeys(r["baseline"] for r in report["results"]):
+    baselines = list(dict.fromkeys(r["baseline"] for r in report["results"]))
+    for baseline in baselines:
+        lower, higher = SCORES[baseline]
+        what = (
+            "ROAD (noisy linear imputation, removal fractions 0.1 ... 0.9): mean probability of the predicted class"
+            if baseline == "road"
+            else f"Baseline `{baseline}`: AUC"
+        )
         lines += [
             "",
-            f"Baseline `{baseline}`: AUC mean ± standard error; Δ = map − centre Gaussian on the same images (± SE); "
+            f"{what} mean ± standard error; Δ = map − centre Gaussian on the same images (± SE); "
             "fractions of images on which the map does better than the centre Gaussian",
             "",
-            "| map | deletion AUC ↓ | insertion AUC ↑ | Δ deletion | Δ insertion "
-            "| deletion < centre | insertion > centre | beats centre |",
+            f"| map | {LABELS[lower]} ↓ | {LABELS[higher]} ↑ | Δ {LABELS[lower]} | Δ {LABELS[higher]} "
+            f"| {LABELS[lower]} < centre | {LABELS[higher]} > centre | beats centre |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for r in (r for r in report["results"] if r["baseline"] == baseline):
-            d, i, dd, di = r["deletion"], r["insertion"], r["deletion_minus_centre"], r["insertion_minus_centre"]
+            d, i = r[lower], r[higher]
+            dd, di = r[f"{lower}_minus_centre"], r[f"{higher}_minus_centre"]
             name = names().get(r["method"], f"`{r['method']}`")
             centre = r["method"] == "centre"
             lines.append(
@@ -235,9 +272,39 @@ def markdown(report: dict) -> str:
                     "| — | — | — | — | — |"
                     if centre
                     else f"| {dd['mean']:+.4f} ± {dd['se']:.4f} | {di['mean']:+.4f} ± {di['se']:.4f} "
-                    f"| {r['deletion_below_centre']:.0%} | {r['insertion_above_centre']:.0%} "
+                    f"| {r[f'{lower}_below_centre']:.0%} | {r[f'{higher}_above_centre']:.0%} "
                     f"| {'**yes**' if r['beats_centre'] else 'no'} |"
                 )
+            )
+    lines += [
+        "",
+        "Ranking under each score, best first (mean over the images):",
+        "",
+        "| score | ranking |",
+        "|---|---|",
+    ]
+    for baseline in baselines:
+        rows = [r for r in report["results"] if r["baseline"] == baseline]
+        for k, sign in zip(SCORES[baseline], (1, -1), strict=True):
+            ranked = sorted(rows, key=lambda r, k=k, sign=sign: sign * r[k]["mean"])
+            ranking = ", ".join(f"{names().get(r['method'], r['method'])} {r[k]['mean']:.3f}" for r in ranked)
+            lines.append(f"| {LABELS[k]} ({baseline}) {'↓' if sign > 0 else '↑'} | {ranking} |")
+    methods = list(report["per_image"][baselines[0]])
+    if "rise" in methods:
+        lines += [
+            "",
+            "Paired differences from RISE on the same images (map − RISE, mean ± SE; "
+            "negative is better for the first score of each baseline, positive for the second):",
+            "",
+            "| map | " + " | ".join(f"Δ {LABELS[k]} ({b})" for b in baselines for k in SCORES[b]) + " |",
+            "|---" * (1 + 2 * len(baselines)) + "|",
+        ]
+        for m in methods:
+            if m == "rise":
+                continue
+            cells = [_paired(report, b, m, "rise", k) for b in baselines for k in SCORES[b]]
+            lines.append(
+                f"| {names().get(m, m)} | " + " | ".join(f"{c['mean']:+.4f} ± {c['se']:.4f}" for c in cells) + " |"
             )
     lines += [
         "",
@@ -302,7 +369,8 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        numbers = {k: v for k, v in report.items() if k != "per_image"}
+        args.out.with_suffix(".json").write_text(json.dumps(numbers, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -421,11 +421,13 @@ def test_explore_refuses_points_outside_the_crop_and_bad_layers(server):
 def test_compare_scores_each_method_against_the_centre_baseline(server):
     _, client, _ = server
     gallery, table, text = client.predict(handle_file(str(CAT)), api_name="/compare")
-    assert len(gallery) == 5 and "class" in text
+    assert len(gallery) == 7 and "class" in text
     assert [row[0] for row in table["data"]] == [
         "RISE (random masks)",
+        "AttnLRP",
         "Attention rollout",
         "Gradient rollout",
+        "Chefer et al. (LRP x gradient)",
         "Raw attention",
         "Centre Gaussian (baseline: ignores the image)",
     ]

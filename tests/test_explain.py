@@ -980,7 +980,7 @@ def test_explain_sanity_bench_matches_direct_scores():
         "attention(layer=1,head=2)": lambda m, x: explain.attention_maps(m, x, 1, 2),
         "rise(n_masks=20,cells=2)": lambda m, x: explain.rise(m, x, n_masks=20, cells=2),
     }
-    out = score(model, x, list(specs), steps=4, batch_size=16, chunk=2)
+    out = score(model, x, list(specs), baselines=("mean", "blur"), steps=4, batch_size=16, chunk=2)
     rows = {(r["baseline"], r["method"]): r for r in out["results"]}
     assert set(rows) == {(b, m) for b in ("mean", "blur") for m in (*specs, "centre")}
     for b in ("mean", "blur"):

@@ -124,7 +124,7 @@ def test_the_benchmark_scores_every_method_by_its_key(ctx, photo):
 
 
 def test_a_methods_cost_decides_where_it_runs(ctx, monkeypatch):
-    """One forward and backward pass per class (gradient rollout, the new method) runs whatever the model;
+    """One forward and backward pass per class (AttnLRP, gradient rollout, the new method) runs whatever the model;
     many forward passes (RISE) only within the budget, and the refusal names the methods that run."""
     from webapp import settings
 
@@ -132,8 +132,9 @@ def test_a_methods_cost_decides_where_it_runs(ctx, monkeypatch):
     monkeypatch.setitem(settings.MAP_BUDGET, "cpu", 1.0)
     runs = [m for m in methods.METHODS if settings.affordable(m, model, CPU)]
     assert runs == [m for m in methods.METHODS if m.cost.forward == 0] and NEW in runs
-    assert settings.default_method(model, CPU) is methods.GRADIENT
+    assert settings.default_method(model, CPU) is methods.ATTNLRP
     message = settings.refusal(methods.RISE, model, CPU)
     assert message.startswith(f"RISE needs {explain.RISE_MASKS} forward passes")
-    assert message.endswith(f"choose Gradient rollout, Attention rollout, Raw attention or {NEW.title}")
+    others = ", ".join(m.title for m in methods.METHODS if m not in (methods.RISE, methods.ATTNLRP, NEW))
+    assert message.endswith(f"choose AttnLRP, {others} or {NEW.title}")  # the default first
     assert not settings.affordable(dataclasses.replace(NEW, cost=methods.Cost(forward=2)), model, CPU)

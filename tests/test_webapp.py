@@ -81,8 +81,8 @@ def test_rise_is_the_default_within_the_budget_and_refused_over_it(tmp_path, mon
     analysis.relevance(a, Settings(method=methods.RISE), CPU, lambda f, desc: seen.append((f, desc)))
     assert seen[-1] == (1.0, "RISE: masked images")
     monkeypatch.setitem(settings.MAP_BUDGET, "cpu", cost - 1)
-    assert settings.default_method(a.model, CPU) is methods.GRADIENT
-    with pytest.raises(ValueError, match=f"RISE needs {explain.RISE_MASKS} forward passes .* choose Gradient"):
+    assert settings.default_method(a.model, CPU) is methods.ATTNLRP  # one backward pass: the default without RISE
+    with pytest.raises(ValueError, match=f"RISE needs {explain.RISE_MASKS} forward passes .* choose AttnLRP"):
         analysis.relevance(a, Settings(method=methods.RISE, target=3), CPU)
     scored = comparison.compare(a, Settings(), CPU, lambda f, desc: None)
     assert [n for n, *_ in scored] == [*(m.title for m in methods.METHODS[1:]), comparison.CENTRE]  # RISE left out
@@ -220,7 +220,8 @@ def test_compare_scores_every_method_and_the_centre_baseline(tmp_path):
     for name, heat, deletion, insertion in scored:
         assert heat.shape == (a.x.shape[-2:] if name == methods.RISE.title else a.grid)
         assert 0 <= deletion <= 1 and 0 <= insertion <= 1
-    assert [f for f, desc in seen if desc.startswith("Deleting")] == [0, 0.2, 0.4, 0.6, 0.8]
+    n = len(methods.METHODS) + 1
+    assert [f for f, desc in seen if desc.startswith("Deleting")] == [i / n for i in range(n)]
     assert seen[0][1] == "RISE: masked images"  # RISE's forward passes report progress too
 
 

@@ -102,7 +102,7 @@ def _attentions(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, l
     return logits, attns, grid
 
 
-def _readout(model: nn.Module, batch: int, tokens: int, device: torch.device) -> torch.Tensor:
+def readout_row(model: nn.Module, batch: int, tokens: int, device: torch.device) -> torch.Tensor:
     """(B, T) weights of the row the classifier reads: e_0 (class token), or the mean of the patch
     tokens' rows for average-pooled models."""
     prefix = model.num_prefix_tokens
@@ -114,7 +114,7 @@ def _readout(model: nn.Module, batch: int, tokens: int, device: torch.device) ->
     return v
 
 
-def _to_map(row: torch.Tensor, prefix: int, grid: tuple[int, int]) -> torch.Tensor:
+def to_map(row: torch.Tensor, prefix: int, grid: tuple[int, int]) -> torch.Tensor:
     """(B, T) row -> (B, h, w) map over the patch tokens, divided by its per-image maximum."""
     m = row[:, prefix:].reshape(-1, *grid)
     return m / m.amax(dim=(1, 2), keepdim=True).clamp_min(torch.finfo(m.dtype).tiny)
@@ -203,8 +203,8 @@ def attention_rollout_from(
         raise ValueError(f"start_layer must be in [0, {depth}) for this {depth}-layer model, got {start_layer}")
     B, _, T, _ = attentions[0].shape
     prefix = model.num_prefix_tokens
-    readout = _readout(model, B, T, attentions[0].device)
-    return _to_map(rollout(attentions[start_layer:], readout, prefix, head_fusion, discard_ratio), prefix, grid)
+    readout = readout_row(model, B, T, attentions[0].device)
+    return to_map(rollout(attentions[start_layer:], readout, prefix, head_fusion, discard_ratio), prefix, grid)
 
 
 def attention_maps_from(
@@ -225,7 +225,7 @@ def attention_maps_from(
     attn = attentions[layer].float()
     attn = attn.mean(dim=1) if head is None else attn[:, head]
     B, T, _ = attn.shape
-    row = torch.bmm(_readout(model, B, T, attn.device).unsqueeze(1), attn).squeeze(1)
+    row = torch.bmm(readout_row(model, B, T, attn.device).unsqueeze(1), attn).squeeze(1)
     return row[:, model.num_prefix_tokens :].reshape(B, *grid)
 
 
@@ -281,11 +281,11 @@ def gradient_rollout(
         # Gradients for exactly these tensors, paired by position: grads[l] = d score / d attns[l].
         grads = torch.autograd.grad(score, attns)
     B, _, T, _ = attns[0].shape
-    v = _readout(model, B, T, attns[0].device)
+    v = readout_row(model, B, T, attns[0].device)
     for attn, grad in zip(reversed(attns), reversed(grads), strict=True):
         cam = (grad.detach().float() * attn.detach().float()).clamp(min=0).mean(dim=1)
         v = v + torch.bmm(v.unsqueeze(1), cam).squeeze(1)  # v^T (I + Ā_l)
-    maps = _to_map(v, prefix, grid)
+    maps = to_map(v, prefix, grid)
     return (logits.detach(), maps) if return_logits else maps
 
 

@@ -34,12 +34,14 @@ class StdConv2dSame(nn.Conv2d):
         super().__init__(in_chs, out_chs, kernel, stride=stride, bias=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def standardized_weight(self) -> torch.Tensor:
         # (w - mean) / sqrt(var + eps) per output channel; batch_norm over a (1, out, fan_in) view is
         # the fused form of exactly that (biased variance), and the one timm uses.
         w = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None, training=True, eps=self.eps)
-        w = w.reshape_as(self.weight)
-        return F.conv2d(pad_same(x, self.kernel_size[0], self.stride[0]), w, None, self.stride)
+        return w.reshape_as(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(pad_same(x, self.kernel_size[0], self.stride[0]), self.standardized_weight(), None, self.stride)
 
 
 class GroupNormAct(nn.GroupNorm):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import explain
+from . import explain, lrp
 from .config import ViTConfig
 from .cost import forward_flops
 
@@ -99,7 +99,12 @@ RAW = Method(
     from_attentions=explain.attention_maps_from,
 )
 
-METHODS = (RISE, ROLLOUT, GRADIENT, RAW)  # in the order the app lists them
+ATTNLRP = Method("attnlrp", "AttnLRP", lrp.attnlrp, per_class=True, batchable=True, cost=Cost(backward=1))
+CHEFER = Method(
+    "chefer", "Chefer et al. (LRP x gradient)", lrp.chefer, per_class=True, batchable=True, cost=Cost(backward=1)
+)
+
+METHODS = (RISE, ATTNLRP, ROLLOUT, GRADIENT, CHEFER, RAW)  # in the order the app lists them
 
 
 def by_title(title: str) -> Method:

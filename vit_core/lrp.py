@@ -1,0 +1,395 @@
+"""Relevance propagation through a ViT: AttnLRP and Chefer et al.'s transformer attribution.
+
+Layer-wise relevance propagation (LRP; Bach et al. 2015) hands the explained logit back through the
+network layer by layer, each layer splitting the relevance of its outputs among its inputs by a rule.
+Two methods here, both batched (one target class per image), CPU or CUDA, any class:
+
+- ``attnlrp``: Achtibat et al., "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for
+  Transformers" (ICML 2024). Relevance of every pixel, through the transformer and a hybrid's CNN stem:
+  the map is each token's cell of the image, holding its pixels' positive relevance.
+- ``chefer``: Chefer, Gur & Wolf, "Transformer Interpretability Beyond Attention Visualization" (CVPR 2021),
+  their "transformer attribution": each layer's attention weighted by LRP relevance times gradient,
+  ``Ā_l = E_h[(∇A_l ⊙ R_{A_l})^+]``, rolled out with the identity for the residual path, ``R = (I + Ā_L) ...
+  (I + Ā_1)``, read at the classifier's row as ``explain.gradient_rollout`` does.
+
+**LRP as modified gradients.** A rule is implemented as the gradient of a surrogate: every operation keeps
+its forward value and gets a backward pass chosen so that, with ``R = value ⊙ gradient`` at each tensor,
+the gradient step *is* the rule (the "gradient x input" form of LRP: Arras et al. 2025; the efficient mode of
+the AttnLRP authors' ``lxt``). One forward and one backward pass then give the relevance of every tensor at
+once, and the input's relevance is ``input ⊙ gradient``. The rules:
+
+============================  ==========================================  =====================================
+operation                     AttnLRP                                     Chefer et al.
+============================  ==========================================  =====================================
+linear layer                  ε-rule (eq. 8, ε = 0): the plain gradient;  z⁺-rule (LRP-α1β0): positive
+                              the bias keeps its share                    contributions only, no bias share
+convolution (patch embedding, γ-rule, γ = ``CONV_GAMMA``: contributions   (not reached: the map stops at
+a hybrid's CNN)               of the output's sign count 1 + γ times      the first block's attention)
+LayerNorm / GroupNorm         linear in x, σ held constant (prop. 3.4)    identity: ``R_in = R_out`` per entry
+GELU, tanh, ReLU              identity (eq. 9): ``R_in = R_out``          identity
+softmax                       Taylor at x with bias (prop. 3.1):          identity
+                              ``R_in = x ⊙ (R - s Σ R)``, its gradient
+q kᵀ and A v                  uniform (prop. 3.2): each operand gets      the same (their ``cam /= 2``)
+                              half, the ε-rule within
+residual sum                  ε-rule: proportional to each summand        proportional, then rescaled per
+                                                                          image so that the branches share
+                                                                          ``R`` as ``|ΣR_a| : |ΣR_b|``
+max pooling, BatchNorm (eval) the gradient: winner takes all; affine      (not reached)
+============================  ==========================================  =====================================
+
+The transformer's rules are the paper's. On convolutions the AttnLRP authors use the γ-rule for ViTs (their
+``lxt`` examples: zennit's ``Gamma`` on ``Conv2d``), as LRP does for the lower layers of CNNs (Montavon et al.
+2019): the ε-rule there gives pixel relevance dominated by noise of both signs.
+
+The forward pass below is the model's own (``model.py``, ``hybrid.py``) written out with the rules; the test
+suite holds its logits equal to ``model(x)``. Relevance is conserved where the rules are: the ε-, γ-, z⁺-,
+identity and uniform rules pass on all of it (biases, position embeddings and the class token keep what the
+ε- and γ-rules give them; the z⁺-rule drops a unit's relevance when none of its contributions is positive);
+AttnLRP's softmax rule does not (prop. 3.1: its bias term absorbs the rest).
+
+Maps follow ``explain``'s conventions: (B, grid_h, grid_w) float32 on the token grid (hybrids: ceil(side /
+stride)), non-negative and divided by their maximum, for the class ``target`` (None: each image's
+prediction). Inputs are model-ready; the model is in eval mode for the call; parameters' ``.grad`` is never
+touched. Both need a ``VisionTransformer`` with a classifier head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .explain import eval_mode, readout_row, target_classes, to_map, token_grid
+from .hybrid import ConvStem, ResNetV2Stem, StdConv2dSame, pad_same
+
+CONV_GAMMA = 0.25  # the γ-rule on convolutions (Montavon et al. 2019's choice for lower layers; zennit's default)
+
+# ------------------------------------------------------------------------- rules as gradients
+
+
+def _with_gradient_of(value: torch.Tensor, surrogate: torch.Tensor) -> torch.Tensor:
+    """``value`` in the forward pass, ``surrogate``'s gradient in the backward pass (the two are equal
+    in value, or ``surrogate`` is the rule's linearisation at this point)."""
+    return value.detach() + (surrogate - surrogate.detach())
+
+
+def _safe_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a / b, and 0 where b is 0 (relevance with no path to follow is dropped, as LRP implementations do).
+    For values only (ratios that are detached, backward rules): the unused branch may hold inf."""
+    return torch.where(b == 0, 0.0, a / b)
+
+
+def _half(x: torch.Tensor) -> torch.Tensor:
+    """Uniform rule for one operand of a bilinear product (AttnLRP prop. 3.2): the value unchanged (x/2 + x/2
+    is exact), half the gradient, so each of the two operands takes half of the product's relevance."""
+    return 0.5 * x + (0.5 * x).detach()
+
+
+def _identity(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Identity rule for y = f(x) of the same shape (AttnLRP eq. 9): R_x = R_y entry by entry, i.e. the
+    gradient y / x in place of f'(x)."""
+    return _with_gradient_of(y, x * _safe_div(y, x).detach())
+
+
+def _epsilon_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """ε-rule with ε = 0 (AttnLRP eq. 8): ``R_x = x ⊙ Wᵀ (R / z)``, which is the plain gradient times x;
+    the bias keeps ``b ⊙ R / z``."""
+    return layer(x)
+
+
+def _zplus_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """z⁺-rule (LRP-α1β0, Chefer et al.'s ``Linear.relprop`` with alpha = 1): only positive contributions
+    count, ``R_x = x⁺ ⊙ W⁺ᵀ S + x⁻ ⊙ W⁻ᵀ S`` with ``S = R / z⁺``, ``z⁺ = W⁺ x⁺ + W⁻ x⁻`` and no bias."""
+    z = layer(x)
+    w_pos, w_neg = layer.weight.clamp(min=0), layer.weight.clamp(max=0)
+    z_pos = F.linear(x.clamp(min=0), w_pos) + F.linear(x.clamp(max=0), w_neg)
+    # gradient (z / z⁺) ∂z⁺/∂x: with R = z ⊙ g at the output, x ⊙ gradient is the rule above
+    return _with_gradient_of(z, z_pos * _safe_div(z, z_pos).detach())
+
+
+def _gamma_conv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gamma: float, **conv: object
+) -> torch.Tensor:
+    """Generalised γ-rule (Montavon et al. 2019, "Layer-Wise Relevance Propagation: An Overview"; zennit's
+    ``Gamma``) for ``z = conv2d(x, W, b)``: contributions of the output's sign count 1 + γ times. For z > 0 the
+    rule's pre-activation is ``z↑ = conv(x⁺, W + γW⁺, b + γb⁺) + conv(x⁻, W + γW⁻)``, for z < 0 ``z↓ =
+    conv(x⁺, W + γW⁻, b + γb⁻) + conv(x⁻, W + γW⁺)``, and ``R_x = x ⊙ ∂z↑/∂x ⋅ R / z↑`` (resp. z↓). γ = 0 is the
+    ε-rule (z↑ = z↓ = z). Signed inputs (normalised pixels) are allowed."""
+    if gamma == 0:
+        return F.conv2d(x, weight, bias, **conv)
+    # With P = conv(x⁺, W⁺) + conv(x⁻, W⁻), the positive contributions, and N = conv(x, W) - P the negative ones,
+    # z↑ = conv(x, W) + γP + b + γb⁺ and z↓ = conv(x, W) + γN + b + γb⁻: one extra pair of convolutions, not four,
+    # and after a ReLU (x⁻ = 0) one convolution with W and W⁺ stacked.
+    if bool((x < 0).any()):
+        z_nobias = F.conv2d(x, weight, None, **conv)
+        positive = F.conv2d(x.clamp(min=0), weight.clamp(min=0), None, **conv)
+        positive = positive + F.conv2d(x.clamp(max=0), weight.clamp(max=0), None, **conv)
+    else:
+        z_nobias, positive = F.conv2d(x, torch.cat([weight, weight.clamp(min=0)]), None, **conv).chunk(2, dim=1)
+    z = z_nobias if bias is None else z_nobias + bias[:, None, None]
+    up = z > 0
+    # the contributions of the output's own sign, P where z > 0 and N elsewhere, count 1 + γ times: z↑ or z↓
+    rule = z_nobias + gamma * torch.where(up, positive, z_nobias - positive)
+    if bias is not None:
+        b_up = (bias + gamma * bias.clamp(min=0))[:, None, None]
+        b_down = (bias + gamma * bias.clamp(max=0))[:, None, None]
+        rule = rule + torch.where(up, b_up, b_down)
+    return _with_gradient_of(z, rule * _safe_div(z, rule).detach())
+
+
+def _layer_norm_linear(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """AttnLRP's LayerNorm (prop. 3.4): ``(x - mean) / σ ⊙ w + b`` with σ held constant, so the layer is
+    linear in x (the ε-rule through the centring, the identity rule through the division by σ)."""
+    mean = x.mean(dim=-1, keepdim=True)
+    sigma = (x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+    return _with_gradient_of(norm(x), (x - mean) / sigma.detach() * norm.weight + norm.bias)
+
+
+def _layer_norm_identity(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """Chefer et al.'s LayerNorm (``RelProp.relprop`` returns R): the identity rule, entry by entry."""
+    return _identity(x, norm(x))
+
+
+def _softmax_taylor(scores: torch.Tensor) -> torch.Tensor:
+    """AttnLRP's softmax (prop. 3.1, Taylor expansion at the input with a bias): ``R_in = x ⊙ (R - s Σ R)``,
+    which is exactly x times softmax's own gradient at ``R / s``: no change needed."""
+    return scores.softmax(dim=-1)
+
+
+def _softmax_identity(scores: torch.Tensor) -> torch.Tensor:
+    """Chefer et al.'s softmax: the identity rule."""
+    return _identity(scores, scores.softmax(dim=-1))
+
+
+class _ShareByBranch(torch.autograd.Function):
+    """Chefer et al.'s ``Add.relprop`` for ``a + b``: each entry's relevance split in proportion to its
+    contributions (the z-rule), then each branch rescaled, per image, so that the two share the total
+    relevance as ``|ΣR_a| : |ΣR_b|``. A backward rule that needs sums of the backward's own values, hence a
+    Function; it returns gradients ``g ⋅ factor`` so that ``a ⊙ gradient`` is the rescaled relevance."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return a + b
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = ctx.saved_tensors
+        dims = tuple(range(1, g.ndim))
+        r_a, r_b = (a * g).sum(dims, keepdim=True), (b * g).sum(dims, keepdim=True)
+        share_a = _safe_div(r_a.abs(), r_a.abs() + r_b.abs())
+        total = r_a + r_b
+        return g * _safe_div(share_a * total, r_a), g * _safe_div((1 - share_a) * total, r_b)
+
+
+def _add_proportional(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The rules in which AttnLRP and Chefer et al. differ (the module docstring's table); the identity rule
+    on activations and the uniform rule on the attention's products are common to both."""
+
+    linear: Callable[[nn.Linear, torch.Tensor], torch.Tensor]
+    layer_norm: Callable[[nn.LayerNorm, torch.Tensor], torch.Tensor]
+    softmax: Callable[[torch.Tensor], torch.Tensor]
+    add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+ATTNLRP = Rules(linear=_epsilon_linear, layer_norm=_layer_norm_linear, softmax=_softmax_taylor, add=_add_proportional)
+CHEFER = Rules(
+    linear=_zplus_linear, layer_norm=_layer_norm_identity, softmax=_softmax_identity, add=_ShareByBranch.apply
+)
+
+
+# ------------------------------------------------------------------- the forward pass, with rules
+
+
+def _norm(rules: Rules, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The final norms are ``nn.Identity`` in the layout that does not use them."""
+    return rules.layer_norm(norm, x) if isinstance(norm, nn.LayerNorm) else x
+
+
+def _attention(rules: Rules, attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model.Attention`` (eq. 5-8) unfused: the probabilities A are a tensor of the graph."""
+    B, T, D = x.shape
+    qkv = rules.linear(attn.qkv, x).reshape(B, T, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)
+    a = rules.softmax((_half(q) * attn.scale) @ _half(k).transpose(-2, -1))
+    out = (_half(a) @ _half(v)).transpose(1, 2).reshape(B, T, D)
+    return rules.linear(attn.proj, out), a
+
+
+def propagate(model: nn.Module, tokens: torch.Tensor, rules: Rules) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Embedded tokens (B, T, D) -> (logits, each block's attention probabilities (B, heads, T, T)) through
+    the blocks and head of ``model`` (eq. 2-4; call in eval mode: no dropout), whose backward pass is LRP
+    under ``rules``: ``tokens ⊙ ∂logit/∂tokens`` is the tokens' relevance for that logit."""
+    x, attentions = tokens, []
+    for blk in model.blocks:
+        y, a = _attention(rules, blk.attn, _norm(rules, blk.norm1, x))
+        x = rules.add(x, y)  # eq. 2
+        h = rules.linear(blk.mlp.fc1, _norm(rules, blk.norm2, x))
+        x = rules.add(x, rules.linear(blk.mlp.fc2, _identity(h, blk.mlp.act(h))))  # eq. 3
+        attentions.append(a)
+    x = _norm(rules, model.norm, x)
+    # pooling is linear: its gradient is the ε-rule (the mean's relevance goes to each token in proportion)
+    x = x[:, model.num_prefix_tokens :].mean(dim=1) if model.config.global_pool == "avg" else x[:, 0]
+    x = _norm(rules, model.fc_norm, x)
+    if isinstance(model.pre_logits, nn.Module) and hasattr(model.pre_logits, "fc"):
+        x = rules.linear(model.pre_logits.fc, x)
+        x = _identity(x, torch.tanh(x))
+    if not isinstance(model.head, nn.Linear):
+        raise ValueError("relevance propagation explains a class: the model needs a classifier head (num_classes > 0)")
+    return rules.linear(model.head, x), attentions
+
+
+def _conv(conv: nn.Conv2d, x: torch.Tensor, gamma: float) -> torch.Tensor:
+    """A convolution of the patch embedding or a hybrid's CNN (``nn.Conv2d`` or ``hybrid.StdConv2dSame``)
+    under the γ-rule."""
+    if isinstance(conv, StdConv2dSame):
+        x = pad_same(x, conv.kernel_size[0], conv.stride[0])
+        return _gamma_conv(x, conv.standardized_weight(), None, gamma, stride=conv.stride)
+    return _gamma_conv(x, conv.weight, conv.bias, gamma, stride=conv.stride, padding=conv.padding)
+
+
+def _group_norm(norm: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
+    """``hybrid.GroupNormAct`` with AttnLRP's norm rule (σ of each group held constant), then its ReLU."""
+    g = x.reshape(x.shape[0], norm.num_groups, -1)
+    mean = g.mean(dim=-1, keepdim=True)
+    sigma = (g.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+    linear = ((g - mean) / sigma.detach()).reshape_as(x) * norm.weight[:, None, None] + norm.bias[:, None, None]
+    y = _with_gradient_of(F.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps), linear)
+    return F.relu(y) if norm.act else y
+
+
+def _resnet(stem: ResNetV2Stem, x: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``hybrid.ResNetV2Stem`` with its convolutions under the γ-rule and its GroupNorms under AttnLRP's norm
+    rule; max pooling, ReLU and the residual sums pass relevance by their gradients."""
+    x = _group_norm(stem.stem.norm, _conv(stem.stem.conv, x, gamma))
+    x = F.max_pool2d(pad_same(x, 3, 2, value=float("-inf")), 3, 2)
+    for stage in stem.stages:
+        for blk in stage.blocks:
+            shortcut = x
+            if blk.downsample is not None:
+                shortcut = _group_norm(blk.downsample.norm, _conv(blk.downsample.conv, x, gamma))
+            y = _group_norm(blk.norm1, _conv(blk.conv1, x, gamma))
+            y = _group_norm(blk.norm2, _conv(blk.conv2, y, gamma))
+            x = F.relu(_group_norm(blk.norm3, _conv(blk.conv3, y, gamma)) + shortcut)
+    return x
+
+
+def _conv_stem(stem: ConvStem, x: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``hybrid.ConvStem`` with its convolutions under the γ-rule; max pooling (winner takes all), BatchNorm
+    (affine in eval mode) and ReLU pass relevance by their gradients."""
+    for layer in stem.layers:
+        x = _conv(layer.conv, x, gamma)
+        if layer.pool > 1:
+            x = F.max_pool2d(x, layer.pool, ceil_mode=True)
+        x = F.relu(layer.norm(x))
+    return x
+
+
+def _embed(model: nn.Module, images: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Eq. 1 with AttnLRP's rules and the γ-rule on every convolution: images -> tokens (B, T, D)."""
+    patch_embed = model.patch_embed
+    x = images
+    if isinstance(patch_embed.backbone, ResNetV2Stem):
+        x = _resnet(patch_embed.backbone, x, gamma)
+    elif isinstance(patch_embed.backbone, ConvStem):
+        x = _conv_stem(patch_embed.backbone, x, gamma)
+    return model.to_tokens(_conv(patch_embed.proj, x, gamma).permute(0, 2, 3, 1))
+
+
+# ------------------------------------------------------------------------------------- maps
+
+
+def attnlrp_relevance(
+    model: nn.Module,
+    images: torch.Tensor,
+    target: int | Sequence[int] | torch.Tensor | None = None,
+    conv_gamma: float = CONV_GAMMA,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """AttnLRP relevance of every input value: ``(logits, relevance)``, relevance (B, C, H, W) float32, signed.
+
+    AttnLRP's rules in the transformer, the γ-rule with ``conv_gamma`` on the convolutions (0: the ε-rule).
+    One forward and one backward pass for the batch. Per image the relevance sums to the target logit less
+    what the biases, position embeddings, class token and the softmax rule's bias term keep (module docstring).
+    """
+    token_grid(model, images)  # the shape check
+    with eval_mode(model), torch.inference_mode(False), torch.enable_grad():
+        x = images.detach().clone().requires_grad_(True)
+        logits, _ = propagate(model, _embed(model, x, conv_gamma), ATTNLRP)
+        t = target_classes(target, logits)
+        # one backward for the batch: images do not interact, so each image's gradient is its own logit's
+        (grad,) = torch.autograd.grad(logits.gather(1, t[:, None]).sum(), x)
+    return logits.detach(), (x.detach() * grad).float()
+
+
+def attnlrp(
+    model: nn.Module,
+    images: torch.Tensor,
+    target: int | Sequence[int] | torch.Tensor | None = None,
+    conv_gamma: float = CONV_GAMMA,
+    return_logits: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """AttnLRP (Achtibat et al., ICML 2024): (B, grid_h, grid_w) maps in [0, 1] for ``target`` (None: each
+    image's predicted class; an int; or one class per image).
+
+    The positive part of each pixel's relevance (``attnlrp_relevance``, summed over the colour channels: the
+    evidence for the class), summed over each token's ``stride x stride`` cell of the image, divided by the
+    maximum. For a hybrid the relevance has gone through the CNN, so a cell is the pixels under its token, not
+    the token's receptive field. ``return_logits=True`` returns ``(logits, maps)``.
+    """
+    h, w = token_grid(model, images)
+    s = model.config.feature_stride
+    logits, relevance = attnlrp_relevance(model, images, target, conv_gamma)
+    r = relevance.sum(dim=1).clamp(min=0)
+    r = F.pad(r, (0, w * s - r.shape[-1], 0, h * s - r.shape[-2]))  # hybrids: the last cell may be partial
+    cells = r.reshape(r.shape[0], h, s, w, s).sum(dim=(2, 4))
+    maps = cells / cells.amax(dim=(1, 2), keepdim=True).clamp_min(torch.finfo(cells.dtype).tiny)
+    return (logits, maps) if return_logits else maps
+
+
+def chefer(
+    model: nn.Module,
+    images: torch.Tensor,
+    target: int | Sequence[int] | torch.Tensor | None = None,
+    return_logits: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Chefer, Gur & Wolf's transformer attribution (CVPR 2021): (B, grid_h, grid_w) maps in [0, 1] for
+    ``target`` (None: each image's predicted class; an int; or one class per image).
+
+    ``Ā_l = mean_heads((∇A_l ⊙ R_{A_l})^+)``, ``R = (I + Ā_L) ... (I + Ā_1)``, map = the read-out row of R
+    over the patch tokens (``explain``'s conventions), divided by its maximum. ``∇A_l`` is the plain gradient
+    of the target logit; ``R_{A_l}`` the LRP relevance of the attention probabilities under their rules
+    (``CHEFER``), starting from relevance 1 on the target class, as their ``relprop(one_hot)``. The CNN of a
+    hybrid is run once and not explained (like every attention map). Two backward passes through the blocks:
+    the gradient, then the relevance. ``return_logits=True`` returns ``(logits, maps)``.
+    """
+    grid = token_grid(model, images)
+    with eval_mode(model), torch.inference_mode(False), torch.enable_grad():
+        with torch.no_grad():
+            tokens = model.to_tokens(model.patch_embed(images.detach().clone()))
+        # the gradient of the plain forward pass at the attention probabilities
+        x = tokens.clone().requires_grad_(True)
+        feats, attns = model.forward_blocks(x, return_attention=True)
+        logits = model.forward_head(model.norm(feats))
+        t = target_classes(target, logits)
+        grads = torch.autograd.grad(logits.gather(1, t[:, None]).sum(), attns)
+        # the relevance under Chefer et al.'s rules: R = 1 on the target, i.e. gradient 1 / z_t at the logit
+        lrp_logits, lrp_attns = propagate(model, x, CHEFER)
+        z = lrp_logits.gather(1, t[:, None])
+        seed = _safe_div(torch.ones_like(z), z.detach())
+        lrp_grads = torch.autograd.grad((z * seed).sum(), lrp_attns)
+    B, _, T, _ = attns[0].shape
+    v = readout_row(model, B, T, attns[0].device)
+    for a, grad, lrp_grad in zip(reversed(lrp_attns), reversed(grads), reversed(lrp_grads), strict=True):
+        relevance = a.detach().float() * lrp_grad.float()
+        cam = (grad.detach().float() * relevance).clamp(min=0).mean(dim=1)
+        v = v + torch.bmm(v.unsqueeze(1), cam).squeeze(1)  # v^T (I + Ā_l)
+    maps = to_map(v, model.num_prefix_tokens, grid)
+    return (logits.detach(), maps) if return_logits else maps
