@@ -39,6 +39,19 @@ def gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
     return out.to(images.dtype)
 
 
+def pixel_ranks(model: nn.Module, images: torch.Tensor, map_fn: MapFn) -> torch.Tensor:
+    """(B, 1, H, W) rank of each pixel in ``map_fn``'s map upsampled to the image (0: the most relevant; ties in
+    the map's order, first come first): the order in which deletion, insertion and ROAD remove pixels."""
+    B, _, H, W = images.shape
+    maps = map_fn(model, images).detach().float()
+    if maps.ndim != 3 or maps.shape[0] != B:
+        raise ValueError(f"map_fn must return (B, h, w) maps for {B} images, got {tuple(maps.shape)}")
+    maps = F.interpolate(maps[:, None], size=(H, W), mode="bilinear", align_corners=False).reshape(B, H * W)
+    order = maps.argsort(dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(H * W, device=order.device).expand(B, -1))
+    return rank.reshape(B, 1, H, W)
+
+
 def deletion_insertion_auc(
     model: nn.Module,
     images: torch.Tensor,
@@ -73,13 +86,7 @@ def deletion_insertion_auc(
     with eval_mode(model), torch.no_grad():
         logits = model(images)
     t = target_classes(target, logits)
-    maps = map_fn(model, images).detach().float()
-    if maps.ndim != 3 or maps.shape[0] != B:
-        raise ValueError(f"map_fn must return (B, h, w) maps for {B} images, got {tuple(maps.shape)}")
-    maps = F.interpolate(maps[:, None], size=(H, W), mode="bilinear", align_corners=False).reshape(B, H * W)
-    order = maps.argsort(dim=1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(H * W, device=order.device).expand(B, -1))
-    rank = rank.reshape(B, 1, H, W)
+    rank = pixel_ranks(model, images, map_fn)
     base = torch.zeros_like(images) if baseline == "mean" else gaussian_blur(images, BLUR_SIGMA)
     counts = torch.round(torch.linspace(0, H * W, steps + 1, device=images.device)).long()
 

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .explain import MapFn, eval_mode, target_classes
+from .faithfulness import pixel_ranks
 
 ROAD_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 ROAD_NOISE = 0.01  # the imputation noise's σ, a fraction of the pixel range [0, 1] (the paper's)
@@ -115,13 +116,7 @@ def road(
     B, _, H, W = images.shape
     with eval_mode(model), torch.no_grad():
         t = target_classes(target, model(images))
-    maps = map_fn(model, images).detach().float()
-    if maps.ndim != 3 or maps.shape[0] != B:
-        raise ValueError(f"map_fn must return (B, h, w) maps for {B} images, got {tuple(maps.shape)}")
-    maps = F.interpolate(maps[:, None], size=(H, W), mode="bilinear", align_corners=False).reshape(B, H * W)
-    order = maps.argsort(dim=1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(H * W, device=order.device).expand(B, -1))
-    rank = rank.reshape(B, 1, H, W)
+    rank = pixel_ranks(model, images, map_fn)
     sigma = noise / torch.tensor(model.config.std, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
     counts = [round(f * H * W) for f in fractions]
