@@ -24,8 +24,10 @@ import torch
 from PIL import Image
 
 from vit_core import VisionTransformer, explain
-from vit_core.data import load_image
+from vit_core.data import ImageDataError, TooManyPixelsError, load_image
+from vit_core.data.images import ImageSource
 
+from . import render
 from .settings import Settings, affordable, refusal
 
 MAX_SIDE = 2048  # overlays of larger images are drawn on a copy downscaled to this long side
@@ -46,7 +48,7 @@ class Analysis:
     """An upload and the model's forward pass on it."""
 
     model: VisionTransformer
-    shown: Image.Image  # the upload, upright RGB, downscaled to MAX_SIDE: what overlays are drawn on
+    shown: Image.Image  # the upload, upright RGB, sized to show (``render.display_copy``): what overlays are drawn on
     size: tuple[int, int]  # the upload's own (width, height): API coordinates are in these pixels
     crop: tuple[float, float, float, float]  # region the model saw, in the upload's pixels
     x: torch.Tensor  # (1, C, H, W) model input, CPU
@@ -108,6 +110,19 @@ def mirror_mean(logits: torch.Tensor, mirrored: torch.Tensor) -> torch.Tensor:
     return (logits.float().softmax(-1) + mirrored.float().softmax(-1)) / 2
 
 
+def read_upload(src: ImageSource) -> Image.Image:
+    """An uploaded image, decoded safely (``load_image``); one over ``MAX_PIXELS`` is refused in words for the
+    person who sent it: the limit is this server's, not theirs to raise."""
+    try:
+        return load_image(src, max_pixels=MAX_PIXELS)
+    except TooManyPixelsError as e:
+        w, h = e.size
+        raise ImageDataError(
+            f"{e.name}: {w}x{h} pixels is more than this server accepts ({MAX_PIXELS / 1e6:g} megapixels, a guard "
+            "against decompression bombs); downscale the image and try again"
+        ) from None
+
+
 def _digest(path: str) -> str | None:
     try:
         h = hashlib.sha256()
@@ -125,10 +140,8 @@ def analyse(model: VisionTransformer, transform, model_key: str, path: str, devi
     Raises ``vit_core.data.ImageDataError`` for files that are not safe, readable images."""
 
     def compute() -> Analysis:
-        img = load_image(path, max_pixels=MAX_PIXELS)
-        shown = img.convert("RGB")
-        if max(shown.size) > MAX_SIDE:
-            shown.thumbnail((MAX_SIDE, MAX_SIDE))
+        img = read_upload(path)
+        shown = render.display_copy(img, MAX_SIDE)
         x = transform(img).unsqueeze(0)
         with torch.no_grad(), autocast(device):
             logits, attentions = model(x.to(device), return_attention=True)

@@ -23,10 +23,10 @@ import torch
 from PIL import Image
 
 from vit_core import VisionTransformer, methods
-from vit_core.data import ImageDataError, load_image
+from vit_core.data import ImageDataError
 
 from . import render
-from .analysis import MAX_PIXELS, autocast, mirror_mean
+from .analysis import autocast, mirror_mean, read_upload
 from .model_info import UNSURE_BELOW, verdict
 from .settings import Settings
 
@@ -91,7 +91,7 @@ def _decode(data: bytes, name: str) -> Item:
     buf = io.BytesIO(data)
     buf.name = name  # load_image's messages name their source
     try:
-        return Item(name, image=load_image(buf, max_pixels=MAX_PIXELS))
+        return Item(name, image=read_upload(buf))
     except ImageDataError as e:
         return Item(name, error=str(e))
 
@@ -141,8 +141,7 @@ def classify_batch(
             mirrored = model(x.flip(-1))
         p = mirror_mean(logits, mirrored).cpu()
         for item, pi, heat in zip(chunk, p, maps.float().cpu(), strict=True):
-            shown = item.image.convert("RGB")
-            shown.thumbnail((THUMB, THUMB))
+            shown = render.display_copy(item.image, THUMB)
             box = tuple(round(v) for v in transform.crop_box(*shown.size))
             gallery.append((render.map_on_image(shown, box, heat, s.opacity, ""), f"{item.name}: {verdict(pi, names)}"))
             item.probs = pi

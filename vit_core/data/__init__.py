@@ -37,7 +37,7 @@ for a reproducible run; DataLoader workers are seeded by torch.
 
 from .batches import Batches, fixed_subset
 from .datasets import HFImageDataset, ImageFolderDataset, InMemoryImageDataset, build_dataset, default_data_root
-from .images import ImageDataError, load_image, match_channels, to_model_mode
+from .images import ImageDataError, TooManyPixelsError, load_image, match_channels, to_model_mode
 from .transforms import AUGMENT_DEFAULTS, ImageTransform, build_mixup, build_transform, check_augment
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "ImageFolderDataset",
     "ImageTransform",
     "InMemoryImageDataset",
+    "TooManyPixelsError",
     "build_dataset",
     "build_mixup",
     "build_transform",
