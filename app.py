@@ -1,6 +1,7 @@
 """Gradio app: classify an image and see where the Vision Transformer looked.
 
     python app.py [--model PATH_OR_REPO] [--device auto|cpu|cuda] [--host 127.0.0.1] [--port 7860] [--share]
+    python app.py --public [--models a,b]     # a public server: all interfaces (unless --host), listed models only
 
 Runs locally (GPU when there is one), and unchanged as a Hugging Face Space (ZeroGPU included). All model,
 image and explanation logic lives in ``vit_core`` and ``webapp``, each tab in ``webapp/ui``; this file is the
@@ -19,6 +20,7 @@ except ImportError:
     spaces = None
 
 import argparse
+import socket
 
 import gradio as gr
 import torch
@@ -28,7 +30,7 @@ from webapp.admission import DEFAULT_SHARE, MB, Gate
 from webapp.batch import MAX_TOTAL_BYTES
 from webapp.memory import limit_arenas
 from webapp.models import Models
-from webapp.options import Options, add_arguments, configure
+from webapp.options import ALL_INTERFACES, Options, add_arguments, configure, serving_host
 from webapp.queueing import ClientLimits, UploadLimits
 from webapp.ui import batch, classify, compare, explore, inspect, picker
 from webapp.ui.context import Context
@@ -37,10 +39,30 @@ QUEUE_SIZE = 64  # requests waiting at once, all clients together
 DELETE_CACHE = (300, 900)  # every 5 minutes, delete uploads and outputs older than 15 minutes
 CSS = """
 .verdict p { font-size: 1.6rem; font-weight: 600; margin: 0; }
+.verdict.quiet p { font-size: 1.05rem; font-weight: 500; }
 #summary table { word-break: normal; overflow-wrap: normal; hyphens: none; }
 #summary td:first-child { white-space: nowrap; }
 #summary .prose { overflow-x: auto; }
+/* galleries: every tile shown whole (no scroll box cutting the last row), each caption under its picture, in full */
+.tiles .grid-wrap { height: auto !important; max-height: none !important; overflow: visible !important; }
+.tiles, .tiles .gallery-container { height: auto !important; }
+.tiles .grid-container { grid-auto-rows: auto !important; height: auto !important; align-items: start; }
+.tiles .thumbnail-item { aspect-ratio: auto !important; height: auto !important; display: flex;
+                         flex-direction: column; }
+.tiles .thumbnail-item img { height: auto !important; }
+.tiles .caption-label { position: static !important; max-width: none !important; white-space: normal !important;
+                        overflow: visible !important; text-overflow: clip !important; transform: none !important;
+                        margin: 4px 0 0 0 !important; text-align: left; overflow-wrap: anywhere; }
+#compare-gallery .caption-label { display: none; }  /* each map's picture carries its title and scores */
+/* figures: their buttons (full screen, download) in a row above the picture, not over it */
+.figure .image-container { display: flex; flex-direction: column; }
+.figure .icon-button-wrapper.top-panel { position: static !important; align-self: flex-end; margin: 0 0 2px 0; }
+.figure .image-container > button { flex: 1 1 auto; min-height: 0; }
+.tiles .grid-wrap > .icon-button-wrapper { position: static !important; justify-content: flex-end; margin-bottom: 2px; }
+/* labels above their component, never over a figure */
+:is(.tiles, #labels) label[data-testid="block-label"] { position: static !important; margin-bottom: 4px; }
 @media (max-width: 640px) {
+  .tab-wrapper button[role="tab"] { padding: 0 9px; }  /* the five tabs in one row at 390 px */
   .phone-2-columns .grid-container { --grid-cols: 2 !important; }
   /* the scores table: Gradio fixes each column to its unwrapped width; on phones let whole words wrap instead */
   #compare-table table { width: 100% !important; }
@@ -59,16 +81,18 @@ def build_ui(ctx: Context) -> gr.Blocks:
             "attends, and score each explanation."
         )
         models = picker.build(ctx)
-        with gr.Tab("Classify"), gr.Row():
-            classify_tab = classify.build(ctx, models)
-        with gr.Tab("Explore patches"):
-            explore_tab = explore.build(ctx, models, classify_tab)
-        with gr.Tab("Compare methods"):
-            compare.build(ctx, models, classify_tab)
-        with gr.Tab("Batch"):
-            batch.build(ctx, models, classify_tab)
-        with gr.Tab("Inspect"):
-            inspect.build(ctx, models)
+        # short tab names (one row on a 390-px phone); wrapped rather than hidden behind a "more" menu if not
+        with gr.Tabs(overflow_behavior="wrap"):
+            with gr.Tab("Classify"), gr.Row():
+                classify_tab = classify.build(ctx, models)
+            with gr.Tab("Explore"):
+                explore_tab = explore.build(ctx, models, classify_tab)
+            with gr.Tab("Compare"):
+                compare.build(ctx, models, classify_tab)
+            with gr.Tab("Batch"):
+                batch.build(ctx, models, classify_tab)
+            with gr.Tab("Inspect"):
+                inspect.build(ctx, models)
         picker.connect(ctx, models, demo, [classify_tab, explore_tab])
     return demo
 
@@ -90,7 +114,9 @@ def setup(model: str, device: str = "auto", threads: int | None = None, options:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--host", default=None, help="address to serve on (default 127.0.0.1; 0.0.0.0 on a Space)")
+    p.add_argument(
+        "--host", default=None, help="address to serve on (default 127.0.0.1; 0.0.0.0 with --public and on a Space)"
+    )
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--share", action="store_true", help="create a public gradio.live link")
     p.add_argument("--concurrency", type=int, default=1, help="requests computed at once (one GPU: 1)")
@@ -129,14 +155,31 @@ def main() -> None:
     ClientLimits(args.per_client, 4 * args.per_client).install(demo)
     print(f"memory budget {ctx.gate.max_memory / MB:,.0f} MB, uploads at most {args.max_file_mb} MB", flush=True)
     upload_limit = max(args.max_file_mb * MB, MAX_TOTAL_BYTES)  # one upload, all its files
+    host = serving_host(args)
+    # no monitoring: the API page would show its per-endpoint latencies, which say nothing useful to visitors
     demo.launch(
-        server_name=args.host,
+        server_name=host,
         server_port=args.port,
         share=args.share,
         css=CSS,
         max_file_size=args.max_file_mb * MB,
         app_kwargs={"middleware": [Middleware(UploadLimits, max_bytes=upload_limit)]},
+        enable_monitoring=False,
+        prevent_thread_lock=True,
     )
+    if host == ALL_INTERFACES:
+        print(f"* Serving on all interfaces: http://{_address()}:{demo.server_port}/ from other machines")
+    demo.block_thread()
+
+
+def _address() -> str:
+    """This machine's address on its default route (no packet is sent), else its name."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
 
 
 if __name__ == "__main__":

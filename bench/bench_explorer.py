@@ -12,8 +12,8 @@ Starts the app on 127.0.0.1 and times, through ``gradio_client`` (request to fil
 
 all with attention rollout (the explorer's own map; RISE, the default, costs hundreds of forward passes),
 and prints their medians and the ratios of the re-render and the click to a plain classify (target <= 1.5).
-Then the same in-process, without HTTP: the handlers the UI calls (``classify``, ``rerender`` and
-``on_select``, the click handler, which also redraws the picture clicked on, with the patch outlined).
+Then the same in-process, without HTTP: what the page's handlers compute (``classify``; for a click, ``point``,
+the click to image pixels, then ``redraw``, which also redraws the picture clicked on, with the patch outlined).
 """
 
 from __future__ import annotations
@@ -56,6 +56,12 @@ def _report(title: str, times: dict[str, list[float]]) -> None:
         print(f"  {name} / classify, same photo: {medians[name] / same:5.2f}")
 
 
+def _click(ctx: Context, image: str, choice: str, click: SimpleNamespace) -> tuple:
+    """A click on the explorer's picture as the page handles it: the point, then the maps and the picture."""
+    x, y = explore.point(ctx, image, choice, None, click, None)
+    return explore.redraw(ctx, image, choice, x, y, -1, "mean", "mean", 0.0, 0.5, None, None)
+
+
 def _in_process(ctx: Context, fresh: list[str], same: str, repeats: int) -> dict[str, list[float]]:
     """The UI's handlers called directly: what a click or a settings change computes on the server."""
     choice = ctx.models.default
@@ -72,10 +78,10 @@ def _in_process(ctx: Context, fresh: list[str], same: str, repeats: int) -> dict
     calls = {
         "classify, new photo": lambda i: classify.classify(ctx, fresh[i], choice, **settings, opacity=0.5),
         "classify, same photo": lambda i: classify.classify(ctx, same, choice, **settings, opacity=0.5),
-        "live re-render (opacity)": lambda i: classify.rerender(
+        "live re-render (opacity)": lambda i: classify.classify(
             ctx, same, choice, *settings.values(), 0.3 + 0.6 * (i % 2), 5
         ),
-        "explorer click": lambda i: explore.on_select(ctx, same, choice, -1, "mean", "mean", 0.0, 0.5, clicks[i]),
+        "explorer click": lambda i: _click(ctx, same, choice, clicks[i]),
     }
     times: dict[str, list[float]] = {name: [] for name in calls}
     for i in range(repeats + 1):  # interleaved; the first round warms up

@@ -8,8 +8,10 @@ it says so and runs uncapped), then sends, over plain HTTP (every listener, the 
 ``gradio_client``:
 
 1. a 9.3 MB zip of 64 one-colour 7063x7063 PNGs (49.9 MP each) to /batch;
-2. a mixed burst of 49.9 MP requests to every listener at once (classify, its live re-render, the explorer's
-   view, a click, /explore, its live redraw, /compare, a 16-image /batch, /inspect);
+2. a mixed burst of 49.9 MP requests to every compute listener at once, the API's and the page's (/classify, the
+   page's classify on a setting and on a new image, the explorer's picture, a click, /explore, the page's
+   redraw, /compare and the page's, three 16-image batches (/batch, the button, new files), /inspect and the
+   page's);
 3. four rounds of five 49.9 MP classifies at once (two with ``--quick``);
 4. 100 classifies at once from one client, and one from another client a second later (timed against the
    same request with the server idle: the reference);
@@ -299,14 +301,14 @@ class Row:
             self.messages.append(r.message)
 
 
-def _settings(model: str) -> list:
-    """classify's inputs after the image: model, method (None: the default), class, layer, head, fusion,
-    discard ratio, opacity, top-k."""
-    return [model, None, "(predicted class)", -1, "mean", "mean", 0.0, 0.5, 5]
+def _settings(model: str, layer: int = -1) -> list:
+    """classify's inputs after the image: model, method (None: the default), class, layer (the page's slider
+    counts from 0), head, fusion, discard ratio, opacity, top-k."""
+    return [model, None, "(predicted class)", layer, "mean", "mean", 0.0, 0.5, 5]
 
 
-def _explore_inputs(model: str) -> list:
-    return [model, 3000.0, 3000.0, -1, "mean", "mean", 0.0, 0.5]
+def _explore_inputs(model: str, layer: int = -1) -> list:
+    return [model, 3000.0, 3000.0, layer, "mean", "mean", 0.0, 0.5]
 
 
 def _parallel(calls: list) -> list[Result]:
@@ -325,24 +327,29 @@ def case_zip64(raw: Raw, inputs: Inputs, row: Row) -> None:
 
 def case_mixed(raw: Raw, inputs: Inputs, row: Row) -> None:
     m = raw.app.model
-    img = [raw.upload(inputs.unique_big()) for _ in range(7)]
-    batch16 = [raw.upload(inputs.zip_of_big(16))]
+    img = [raw.upload(inputs.unique_big()) for _ in range(10)]
+    batch16 = [raw.upload(inputs.zip_of_big(16)) for _ in range(3)]
     click = {"index": [360, 360], "value": None, "selected": True}
     calls = [
         lambda: raw.call("classify", [img[0], *_settings(m)]),
-        lambda: raw.call("rerender", [img[1], *_settings(m)]),
-        lambda: raw.call("view", [img[2], m]),
-        lambda: raw.call("on_select", [img[3], m, -1, "mean", "mean", 0.0, 0.5], event_data=click),
+        lambda: raw.call("classify_page", [img[1], *_settings(m, layer=1), None]),
+        lambda: raw.call("explore_picture", [img[2], m, None]),
+        lambda: raw.call("explore_point", [img[3], m, None], event_data=click),
         lambda: raw.call("explore", [img[4], *_explore_inputs(m)]),
-        lambda: raw.call("re_explore", [img[5], *_explore_inputs(m)]),
+        lambda: raw.call("explore_page", [img[5], *_explore_inputs(m, layer=1), None]),
         lambda: raw.call("compare", [img[6], m, "(predicted class)", -1, "mean", "mean", 0.0, 0.5]),
-        lambda: raw.call("batch", [batch16, m, "Gradient rollout", 5, 0.5]),
+        lambda: raw.call("compare_page", [img[7], m, "(predicted class)", 1, "mean", "mean", 0.0, 0.5, None]),
+        lambda: raw.call("classify_new", [img[8], *_settings(m, layer=1), None]),
+        lambda: raw.call("batch", [batch16[:1], m, "Gradient rollout", 5, 0.5]),
+        lambda: raw.call("batch_page", [batch16[1:2], m, "AttnLRP", 5, 0.5, None]),
+        lambda: raw.call("batch_new", [batch16[2:], m, "Attention rollout", 5, 0.5, None]),
         lambda: raw.call("inspect", [m]),
+        lambda: raw.call("inspect_page", [m, None]),
     ]
     t0 = time.perf_counter()
     for r in _parallel(calls):
         row.add(r)
-    row.note = f"9 listeners; {time.perf_counter() - t0:.0f} s"
+    row.note = f"{len(calls)} listeners; {time.perf_counter() - t0:.0f} s"
 
 
 def case_round(raw: Raw, inputs: Inputs, row: Row) -> None:

@@ -137,7 +137,8 @@ def test_settings_changes_reuse_the_forward_pass_and_change_the_map(server):
 @pytest.mark.parametrize(
     ("setting", "pattern"),
     [  # sliders are checked by Gradio against their range, the rest by the app (webapp.ui.inputs says why)
-        (dict(layer=99), "greater than maximum value 1"),
+        (dict(layer=99), r"layer must be 0\.\.1 for this 2-layer model \(0 = first\), or -1\.\.-2 from the end"),
+        (dict(layer=-3), "layer must be 0..1"),
         (dict(head="7"), r"head must be 'mean' or 0\.\.2"),
         (dict(head="x"), "head must be"),
         (dict(target="zebra", method="Gradient rollout"), "'zebra' is not a class of this model"),
@@ -167,13 +168,19 @@ def _exif_rotated(path: Path) -> None:
     img.save(path, exif=exif)
 
 
-def _bomb(path: Path) -> None:
-    # A valid PNG header declaring 60000 x 60000 pixels, with almost no data behind it.
-    buf = io.BytesIO()
-    Image.new("L", (1, 1)).save(buf, "PNG")
-    data = bytearray(buf.getvalue())
-    data[16:24] = (60000).to_bytes(4, "big") + (60000).to_bytes(4, "big")
-    path.write_bytes(bytes(data))
+def _declaring(side: int):
+    """A valid PNG whose header declares ``side`` x ``side`` pixels (its checksum right), with almost no data
+    behind it: refused from the header, before anything is decoded."""
+
+    def make(path: Path) -> None:
+        buf = io.BytesIO()
+        Image.new("L", (1, 1)).save(buf, "PNG")
+        data = bytearray(buf.getvalue())
+        data[16:24] = side.to_bytes(4, "big") * 2  # IHDR's width and height
+        data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")  # IHDR's CRC, over its type and data
+        path.write_bytes(bytes(data))
+
+    return make
 
 
 def _animated(path: Path) -> None:
@@ -181,22 +188,25 @@ def _animated(path: Path) -> None:
     frames[0].save(path, save_all=True, append_images=frames[1:], duration=50, loop=0)
 
 
+# (make, size shown): images under 256 px are shown enlarged by a whole factor to at least 256 px
 HANDLED = {
-    "gray.png": (lambda p: Image.new("L", (50, 40), 128).save(p), (50, 40)),
-    "rgba.png": (lambda p: Image.new("RGBA", (40, 50), (255, 0, 0, 10)).save(p), (40, 50)),
-    "palette.png": (lambda p: Image.new("P", (33, 33), 3).save(p), (33, 33)),
-    "cmyk.jpg": (lambda p: Image.new("CMYK", (48, 48), (0, 255, 0, 0)).save(p), (48, 48)),
-    "sixteen.png": (lambda p: Image.fromarray(np.full((36, 36), 40000, np.uint16)).save(p), (36, 36)),
-    "one.png": (lambda p: Image.new("RGB", (1, 1), "red").save(p), (1, 1)),
-    "exif.jpg": (_exif_rotated, (30, 60)),  # displayed (and classified) upright
-    "animated.gif": (_animated, (40, 40)),
+    "gray.png": (lambda p: Image.new("L", (50, 40), 128).save(p), (300, 240)),
+    "rgba.png": (lambda p: Image.new("RGBA", (40, 50), (255, 0, 0, 10)).save(p), (240, 300)),
+    "palette.png": (lambda p: Image.new("P", (33, 33), 3).save(p), (264, 264)),
+    "cmyk.jpg": (lambda p: Image.new("CMYK", (48, 48), (0, 255, 0, 0)).save(p), (288, 288)),
+    "sixteen.png": (lambda p: Image.fromarray(np.full((36, 36), 40000, np.uint16)).save(p), (288, 288)),
+    "one.png": (lambda p: Image.new("RGB", (1, 1), "red").save(p), (256, 256)),  # not a 1-pixel speck
+    "exif.jpg": (_exif_rotated, (150, 300)),  # displayed (and classified) upright
+    "animated.gif": (_animated, (280, 280)),
     "strip.png": (lambda p: Image.new("RGB", (6000, 8), "blue").save(p), (2048, 3)),  # shown downscaled
 }
 
 REFUSED = {
     "text.jpg": (lambda p: p.write_text("this is not an image"), "image"),
     "truncated.jpg": (lambda p: p.write_bytes(CAT.read_bytes()[:3000]), "truncated|corrupt|incomplete"),
-    "bomb.png": (_bomb, "pixels|large|bomb"),
+    # over this server's 50 megapixels (not "raise max_pixels": a visitor cannot), and over Pillow's own limit
+    "large.png": (_declaring(8000), "8000x8000 pixels is more than this server accepts"),
+    "huge.png": (_declaring(60000), "too many pixels to decode safely"),
     "empty.png": (lambda p: p.write_bytes(b""), "empty|image"),
 }
 
@@ -370,7 +380,12 @@ def test_inspect_shows_figure_7_and_the_model_summary(server):
     n = vit_core.from_pretrained(BUNDLED).num_params()
     assert f"| Parameters | {n:,} ({format_count(n)}) |" in summary and "cat" in summary
     assert summary.startswith("| Property | Value |")  # a real header, not an empty row
-    assert "test_top1" in summary  # the run's last-epoch metrics are shown
+    # the accuracy measured on the whole test split (as the README says), and the run in words
+    assert (
+        "| Accuracy (measured) | 90.14% top-1 (99.53% top-5) on the 10,000 images of the cifar10 test split" in summary
+    )
+    assert "91.01% top-1 (99.66% top-5) with flip averaging, as this app predicts" in summary
+    assert "89.70% on the 2,000 test images checked each epoch" in summary and "train_top1" not in summary
     if (BUNDLED / "curves.png").is_file():
         assert "![curves](data:image/png;base64," in summary  # the card's images display
 
@@ -412,7 +427,7 @@ def test_explore_refuses_points_outside_the_crop_and_bad_layers(server):
     _, client, _ = server
     with pytest.raises(AppError, match="outside the region"):
         client.predict(handle_file(str(CAT)), x=-5, y=150, api_name="/explore")
-    with pytest.raises(AppError, match="greater than maximum value"):
+    with pytest.raises(AppError, match="layer must be 0..1"):
         client.predict(handle_file(str(CAT)), x=225, y=150, layer=50, api_name="/explore")
     with pytest.raises(AppError, match="head must be"):
         client.predict(handle_file(str(CAT)), x=225, y=150, head="9", api_name="/explore")
@@ -452,7 +467,7 @@ def test_batch_of_files_and_a_zip_gives_a_gallery_and_a_csv(server, tmp_path):
     gallery, csv_path, note = client.predict(
         [handle_file(str(CAT)), handle_file(str(archive))], top_k=3, api_name="/batch"
     )
-    assert len(gallery) == 3 and note == "3 image(s) classified, 1 skipped (see the CSV)"
+    assert len(gallery) == 3 and note == "3 image(s) classified, 1 skipped (see the CSV); maps: AttnLRP"
     assert gallery[0]["caption"].startswith("cat_chelsea.jpg: ")
     rows = Path(csv_path).read_text().splitlines()
     header = "file,prediction,unsure,none_of_my_classes,ood_score,class_1,p_1,class_2,p_2,class_3,p_3,error"

@@ -1,9 +1,13 @@
 """End to end in a real browser: Playwright drives Debian's chromium against ``python app.py``.
 
-Clicks a patch and checks the explorer follows the click; changes settings and checks the map re-renders
-without pressing Classify; renders Inspect for the bundled model, a 1-channel ``mnist_tiny``-like run and a
-conv-stem hybrid; checks a failed load, the desktop and phone layouts, and saves a screenshot of every view
-at 1280x900 and 390x844 (to ``$VIT_SCREENSHOTS``, e.g. ``docs/screenshots``; a temporary folder otherwise).
+What is on screen belongs to what is chosen: an upload or an example is classified at once, and an upload, an
+example or a model switch drops every tab's results for the previous one at once, with no older answer coming
+back later; a setting changed while Classify runs is the one shown when it ends; a bad file replaces the answer
+in place, without a toast. Also: the explorer follows clicks, Inspect renders for the bundled model, a
+1-channel ``mnist_tiny``-like run and a conv-stem hybrid, a failed load, the API page's examples, and the phone
+layout (every tab in sight, the result scrolled into view, captions under their pictures). Saves a screenshot
+of every view at 1280x900 and 390x844 (to ``$VIT_SCREENSHOTS``, e.g. ``docs/screenshots``; a temporary folder
+otherwise).
 
 Skips when chromium (``/usr/bin/chromium``) or the playwright package is absent; browsers are never downloaded.
 """
@@ -11,11 +15,14 @@ Skips when chromium (``/usr/bin/chromium``) or the playwright package is absent;
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 import vit_core
 from tests.hub_server import transformers_vit_files
@@ -42,6 +49,7 @@ WAIT = 600_000  # ms: on a shared, loaded 2-core machine one step can take minut
 SHOTS = Path(os.environ.get("VIT_SCREENSHOTS") or Path(tempfile.gettempdir()) / "vit_core_screenshots")
 EXAMPLE_PHOTOS = sorted((ROOT / "examples").glob("*.jpg"))
 FIGURES = ("#fig-filters", "#fig-similarity", "#fig-distance")
+TABS = ("Classify", "Explore", "Compare", "Batch", "Inspect")
 
 
 @pytest.fixture(scope="module")
@@ -166,20 +174,48 @@ def _changed(page, selector: str, before: str | None) -> str:
     return _src(page, selector)
 
 
-def _classify(page) -> str:
-    page.locator("#image input[type=file]").set_input_files(str(CAT))
-    page.locator("#classify").click()
-    return _changed(page, "#overlay", None)
+def _classified(page, before: str | None = None) -> str:
+    """Wait for the Classify tab's answer to a new image (no button pressed): a new map and its compute time."""
+    src = _changed(page, "#overlay", before)
+    page.locator("#compute-time").get_by_text("Computed in").wait_for()
+    return src
+
+
+def _upload(page, path: Path | str) -> str:
+    """Choose an image (it is classified at once); the new map's src once its answer is there."""
+    before = page.locator("#overlay img").first.get_attribute("src") if page.locator("#overlay img").count() else None
+    page.locator("#image input[type=file]").set_input_files(str(path))
+    return _classified(page, before)
+
+
+def _fresh_copy(tmp_path: Path, path: Path, name: str) -> Path:
+    """``path`` with one pixel changed: other bytes, so the server has not analysed it yet (no cached map)."""
+    img = Image.open(path).convert("RGB")
+    img.putpixel((0, 0), (0, 0, 0) if img.getpixel((0, 0)) != (0, 0, 0) else (255, 255, 255))
+    out = tmp_path / name
+    img.save(out, quality=95)
+    return out
+
+
+def _text(page, selector: str) -> str:
+    """A Markdown output's text (without the progress timer Gradio shows over it meanwhile)."""
+    shown = page.locator(f"{selector} [data-testid=markdown]")
+    return shown.inner_text().strip() if shown.count() else ""
+
+
+def _verdict(page) -> str:
+    return _text(page, "#verdict")
 
 
 def _tab(page, name: str) -> None:
-    """Select a tab; on narrow screens Gradio moves the tabs that do not fit into a "More tabs" menu."""
-    tab = page.get_by_role("tab", name=name)
-    if tab.count():
-        tab.click()
-    else:
-        page.get_by_role("button", name="More tabs").click()
-        page.locator(".overflow-dropdown button", has_text=name).click()
+    page.get_by_role("tab", name=name).click()
+
+
+def _click_patch(page, fx: float = 0.5, fy: float = 0.5) -> None:
+    view = page.locator("#view img").first
+    view.wait_for()
+    box = view.bounding_box()
+    view.click(position={"x": fx * box["width"], "y": fy * box["height"]})
 
 
 def _compare(page) -> None:
@@ -197,27 +233,144 @@ def _choose_model(page, value: str) -> None:
     box = page.get_by_label("Model:")
     box.fill(value)
     box.press("Enter")
-    page.locator("#status").get_by_text(Path(value).name).wait_for()
+    # "Loaded ...": the progress line while it loads ("Loading ...") names the model too
+    page.locator("#status").get_by_text(re.compile(f"Loaded .*{re.escape(Path(value).name)}")).wait_for()
+
+
+def _watch(page) -> None:
+    """Record every state the Classify results go through (verdict, explained class, map) in ``__seen``."""
+    page.evaluate(
+        """() => {
+        window.__seen = [];
+        const snap = () => {
+          const text = sel => document.querySelector(sel + ' [data-testid=markdown]')?.innerText.trim() ?? '';
+          const state = [text('#verdict'), text('#explains'),
+                         document.querySelector('#overlay img')?.getAttribute('src') ?? ''];
+          const last = window.__seen[window.__seen.length - 1];
+          if (!last || last.some((v, i) => v !== state[i])) window.__seen.push(state);
+        };
+        snap();
+        new MutationObserver(snap).observe(document.querySelector('#results'),
+          {subtree: true, childList: true, characterData: true, attributes: true});
+    }"""
+    )
+
+
+# What the Explore, Compare and Batch tabs show when their results were dropped: no maps, no point, no scores.
+EXPLORE_CLEARED = """() => !document.querySelector('#patch-attention img') && !document.querySelector('#heads-grid img')
+  && !document.querySelector('#patch-text textarea').value.startsWith('Patch at')
+  && document.querySelector('#point-x input').value === ''"""
+COMPARE_CLEARED = """() => !document.querySelector('#compare-gallery img')
+  && document.querySelector('#compare-text textarea').value === ''
+  && document.querySelectorAll('#compare-table tbody td').length <= 1"""
+BATCH_CLEARED = """() => !document.querySelector('#batch-gallery img') && !document.querySelector('#batch-csv a')"""
 
 
 # ---------------------------------------------------------------------------------------------- tests
 
 
-def test_settings_re_render_without_pressing_classify(page):
-    first = _classify(page)
-    page.locator("#verdict").get_by_text("%").wait_for()
-    explains = page.locator("#explains")
-    assert "Map explains:" in explains.inner_text()
-    assert page.get_by_role("radio", name="RISE (random masks)").is_checked()  # the bundled model's default
+def test_every_tab_drops_the_previous_images_and_models_results(page, runs, tmp_path):
+    """An upload is classified without pressing Classify; an example click or a model switch clears Explore,
+    Compare (and Batch, Inspect on a model switch) at once, and the Classify tab never shows the previous
+    answer again. Screenshots of every desktop view on the way."""
+    assert _text(page, "#compute-time") == ""  # no "0" before any run
+    first = _upload(page, CAT)
+    assert _verdict(page).startswith("cat (")
     _loaded(page, "#overlay")
     _shot(page, "classify")
 
-    page.get_by_role("radio", name="Raw attention").check()  # an input event: re-rendered from the cached forward pass
-    second = _changed(page, "#overlay", first)
+    _tab(page, "Explore")
+    _click_patch(page, 0.3, 0.2)  # inside the centre square of the 451x300 cat photo
+    page.wait_for_function("() => document.querySelector('#patch-text textarea')?.value.includes('token grid')")
+    first_patch = _src(page, "#patch-attention")
+    _click_patch(page, 0.7, 0.85)
+    assert _changed(page, "#patch-attention", first_patch) != first_patch  # the maps follow the click
+    assert "layer 1 (the last), mean of heads" in page.locator("#patch-text textarea").input_value()
+    assert page.locator("#point-x input").input_value()
+    for figure in ("#patch-attention", "#patch-rollout", "#heads-grid"):
+        _loaded(page, figure)
+    view = _src(page, "#view")
+    _shot(page, "explore", ".tab-wrapper")
+
+    _tab(page, "Compare")
+    _compare(page)
+    _shot(page, "compare", ".tab-wrapper")
+
+    _tab(page, "Batch")
+    page.locator("#files input[type=file]").set_input_files([str(p) for p in EXAMPLE_PHOTOS])
+    page.wait_for_function(  # classified as they arrive, without pressing Classify all
+        "n => document.querySelector('#batch-note textarea')?.value.startsWith(n + ' image(s) classified')",
+        arg=len(EXAMPLE_PHOTOS),
+    )
+    page.locator("#batch-csv a[download='predictions.csv']").wait_for()
+    _loaded(page, "#batch-gallery", len(EXAMPLE_PHOTOS))
+    _shot(page, "batch", "#batch-note")
+
+    # a new upload, Classify pressed too, then at once an example, while the upload's maps are still computing:
+    # the results of the cat, then of the upload, vanish from every tab they concern, and never come back
+    _tab(page, "Classify")
+    _watch(page)
+    page.locator("#image input[type=file]").set_input_files(str(_fresh_copy(tmp_path, EXAMPLE_PHOTOS[3], "dog.png")))
+    page.locator("#verdict").get_by_text("Classifying").wait_for()  # its RISE map has started
+    page.locator("#classify").click()  # another request about the upload, which Gradio runs beside the first
+    page.get_by_role("button", name="bird", exact=True).click()
+    page.wait_for_function(EXPLORE_CLEARED)
+    page.wait_for_function(COMPARE_CLEARED)
+    page.wait_for_function(
+        "() => document.querySelector('#verdict [data-testid=markdown]').innerText.startsWith('bird (')"
+    )
+    second = _classified(page, first)
+    page.wait_for_timeout(2000)  # room for a late answer to the upload to (wrongly) arrive
+    seen = page.evaluate("window.__seen")
+    gone = next(i for i, (verdict, _, _) in enumerate(seen) if not verdict.startswith("cat ("))
+    assert all(not v.startswith(("cat (", "dog (")) and src != first for v, _, src in seen[gone:]), seen
+    assert seen[-1][2] == second and _verdict(page).startswith("bird (")
+    _tab(page, "Explore")
+    assert _changed(page, "#view", view) != view  # the bird to click on, no patch chosen
+    page.wait_for_function(EXPLORE_CLEARED)
+    assert page.locator("#batch-gallery img").count() == len(EXAMPLE_PHOTOS)  # the files did not change
+
+    # another model: every tab's results go, Classify answers with the new model's classes
+    _tab(page, "Inspect")
+    page.get_by_role("button", name="Analyse model").click()
+    page.wait_for_function("() => document.querySelector('#summary').innerText.includes('Accuracy (measured)')")
+    _tab(page, "Classify")
+    _choose_model(page, runs["mnist_tiny"])
+    third = _classified(page, second)
+    assert third != second
+    verdict = _verdict(page)
+    assert verdict[0].isdigit() or verdict.startswith("Not sure — maybe "), verdict  # classes "0".."9"
+    page.wait_for_function(EXPLORE_CLEARED)
+    page.wait_for_function(COMPARE_CLEARED)
+    page.wait_for_function(BATCH_CLEARED)
+    page.wait_for_function("() => document.querySelector('#summary').innerText.trim() === ''")
+    assert page.locator(".toast-body").count() == 0, page.locator(".toast-body").all_inner_texts()
+
+
+def test_a_setting_changed_while_classify_runs_is_the_one_shown(page, tmp_path):
+    """The map of RISE (the default, hundreds of forward passes) is still running when Raw attention is chosen:
+    the raw attention map, asked for last, is the one left on screen, however the answers arrive. Then every
+    setting re-renders without pressing Classify."""
+    start = time.monotonic()
+    _upload(page, _fresh_copy(tmp_path, EXAMPLE_PHOTOS[3], "warm.png"))  # RISE, from scratch
+    rise_s = time.monotonic() - start
+    _watch(page)
+    page.locator("#image input[type=file]").set_input_files(str(_fresh_copy(tmp_path, CAT, "cat.png")))
+    page.locator("#verdict").get_by_text("Classifying").wait_for()  # its RISE map has started
+    page.get_by_role("radio", name="Raw attention").check()
+    explains = page.locator("#explains")
+    explains.get_by_text("attention maps are the same for every class").wait_for()
+    page.wait_for_timeout(max(3000, round(2000 * rise_s)))  # the RISE run ends meanwhile
+    assert page.get_by_role("radio", name="Raw attention").is_checked()
+    assert "attention maps are the same for every class; layer 1 (the last), mean of heads" in _text(page, "#explains")
+    seen = page.evaluate("window.__seen")
+    raw = next(i for i, (_, e, _) in enumerate(seen) if "attention maps" in e)
+    assert not any("(the predicted class)" in e for _, e, _ in seen[raw:]), seen  # no RISE answer after it
+
+    second = _src(page, "#overlay")
     page.locator("#opacity input[type=number]").fill("0.9")
     page.locator("#opacity input[type=number]").press("Tab")  # the slider's release event
-    third = _changed(page, "#overlay", second)
-    assert len({first, second, third}) == 3
+    assert _changed(page, "#overlay", second) != second
     page.get_by_text("Explanation settings").click()
     page.get_by_role("radio", name="Gradient rollout").check()
     target = page.get_by_label("Class to explain")
@@ -226,51 +379,24 @@ def test_settings_re_render_without_pressing_classify(page):
     explains.get_by_text("Map explains: dog").wait_for()
 
 
-def test_clicking_a_patch_shows_where_it_attends(page):
-    _classify(page)
-    _tab(page, "Explore patches")
-    view = page.locator("#view img").first
-    view.wait_for()
-    texts, images = [], []
-    for fx, fy in [(0.3, 0.2), (0.7, 0.85)]:  # both inside the centre square of the 451x300 cat photo
-        box = view.bounding_box()
-        before = _src(page, "#patch-attention") if images else None
-        view.click(position={"x": fx * box["width"], "y": fy * box["height"]})
-        images.append(_changed(page, "#patch-attention", before))
-        text = page.locator("#patch-text textarea")
-        page.wait_for_function(
-            "([el, old]) => el.value && el.value !== old", arg=[text.element_handle(), texts[-1] if texts else ""]
-        )
-        texts.append(text.input_value())
-    assert texts[0] != texts[1] and images[0] != images[1]
-    assert all("token grid" in t for t in texts)
-    assert page.locator("#view img").count() and page.get_by_label("x (image pixels)").input_value()
-    _loaded(page, "#patch-rollout")
-    _loaded(page, "#heads-grid")
-    _shot(page, "explore", ".tab-wrapper")
-
-
-def test_compare_methods_and_batch_mode(page):
-    page.locator("#image input[type=file]").set_input_files(str(CAT))
-    _tab(page, "Compare methods")
-    _compare(page)
-    _shot(page, "compare", ".tab-wrapper")
-
-    _tab(page, "Batch")
-    page.locator("#files input[type=file]").set_input_files([str(p) for p in EXAMPLE_PHOTOS])
-    page.get_by_role("button", name="Classify all").click()
-    page.wait_for_function(
-        "n => document.querySelector('#batch-note textarea')?.value.startsWith(n + ' image(s) classified')",
-        arg=len(EXAMPLE_PHOTOS),
-    )
-    page.locator("#batch-csv a[download='predictions.csv']").wait_for()
-    _loaded(page, "#batch-gallery", len(EXAMPLE_PHOTOS))
-    _shot(page, "batch", "#batch-note")
+def test_a_bad_file_replaces_the_answer_in_place_without_a_toast(page, tmp_path):
+    _upload(page, CAT)
+    bad = tmp_path / "notes.jpg"
+    bad.write_text("this is not an image")
+    page.locator("#image input[type=file]").set_input_files(str(bad))
+    page.locator("#verdict").get_by_text("not an image").wait_for()
+    assert _verdict(page).startswith("⚠️ ")
+    assert page.locator("#overlay img").count() == 0 and _text(page, "#compute-time") == ""
+    assert "cat" not in page.locator("#labels").inner_text()
+    _tab(page, "Explore")  # its own results say it too, in place
+    page.wait_for_function("() => document.querySelector('#patch-text textarea').value.includes('not an image')")
+    page.wait_for_timeout(1000)  # a toast would be up by now
+    assert page.locator(".toast-body").count() == 0, page.locator(".toast-body").all_inner_texts()
 
 
 def test_inspect_renders_for_the_bundled_model_mnist_tiny_and_a_hybrid(page, runs):
     expected = {  # what each model's summary says about it
-        "bundled": "Parameters",
+        "bundled": "Accuracy (measured)\t90.14% top-1",
         "mnist_tiny": "7,930 (7.9K)\nInput\t28x28, 1 channel",
         "hybrid": "Tokens from\ta CNN feature map (hybrid)",
     }
@@ -288,6 +414,7 @@ def test_inspect_renders_for_the_bundled_model_mnist_tiny_and_a_hybrid(page, run
         previous = shown
         assert page.locator(".toast-body").count() == 0, page.locator(".toast-body").all_inner_texts()
         if name == "bundled":
+            assert "89.70% on the 2,000 test images checked each epoch" in page.locator("#summary").inner_text()
             _shot(page, "inspect", ".tab-wrapper")
         _tab(page, "Classify")
 
@@ -296,21 +423,18 @@ def test_an_imagenet_model_in_transformers_layout_shows_its_labels_and_map(page,
     _choose_model(page, runs["imagenet"])
     page.locator("#facts").get_by_text("1000 classes").wait_for()
     assert "224×224-pixel colour" in page.locator("#facts").inner_text()
-    _classify(page)
+    _upload(page, CAT)
     page.locator("#verdict").get_by_text("%").wait_for()
     names = set(imagenet_names())
     shown = [line.strip() for line in page.locator("#labels").inner_text().splitlines()]
     assert sum(line in names for line in shown) == 5, shown  # the top 5, by their ImageNet names
-    verdict = page.locator("#verdict").inner_text()
+    verdict = _verdict(page)
     assert any(verdict.startswith((f"{n} (", f"Not sure — maybe {n} (")) for n in names), verdict
-    assert page.locator("#explains").inner_text().startswith("Map explains: ")
+    assert _text(page, "#explains").startswith("Map explains: ")
     width, height = page.eval_on_selector("#overlay img", "i => [i.naturalWidth, i.naturalHeight]")
     assert width == 451 and 300 < height <= 380  # the photo with the map over its centre crop, and a colour bar
-    _tab(page, "Explore patches")
-    view = page.locator("#view img").first
-    view.wait_for()
-    box = view.bounding_box()
-    view.click(position={"x": box["width"] / 2, "y": box["height"] / 2})
+    _tab(page, "Explore")
+    _click_patch(page)
     page.wait_for_function("() => document.querySelector('#patch-text textarea')?.value.includes('14x14 token grid')")
 
 
@@ -321,34 +445,43 @@ def test_a_model_that_fails_to_load_says_so_and_the_previous_stays(page):
     status = page.locator("#status")
     status.get_by_text("Could not load").wait_for()
     assert "Still using" in status.inner_text()
-    _classify(page)  # the previous model still answers
+    _upload(page, CAT)  # the previous model still answers
     page.locator("#verdict").get_by_text("%").wait_for()
 
 
-def test_classify_button_is_visible_without_scrolling_on_a_laptop(page):
+def test_classify_button_in_sight_on_a_laptop_and_the_api_page_uses_local_examples(page):
     box = page.locator("#classify").bounding_box()
     assert box["y"] + box["height"] <= DESKTOP["height"]
+    page.get_by_text("Use via API").click()
+    page.get_by_text("handle_file('examples/").first.wait_for()
+    text = page.locator("body").inner_text()
+    assert "githubusercontent" not in text and "p50" not in text  # no image from the internet, no latencies
 
 
-def test_phone_layout_examples_before_results_and_every_view(phone):
+def test_phone_every_tab_in_sight_the_result_scrolled_to_and_every_view(phone):
+    assert phone.get_by_role("button", name="More tabs").count() == 0
+    boxes = [phone.get_by_role("tab", name=name).bounding_box() for name in TABS]  # none hidden behind a menu
+    assert all(b and b["x"] >= 0 and b["x"] + b["width"] <= PHONE["width"] for b in boxes), boxes
+    assert len({round(b["y"]) for b in boxes}) == 1, boxes  # one row
     picker, status = phone.get_by_label("Model:").bounding_box(), phone.locator("#status").bounding_box()
     assert status["y"] >= picker["y"] + picker["height"] and status["width"] > 300  # a row of its own
     examples = phone.get_by_text("Examples (licences").bounding_box()
     results = phone.locator("#verdict").bounding_box()
     assert examples["y"] < results["y"]
-    _classify(phone)
+    _upload(phone, CAT)
     phone.locator("#verdict").get_by_text("%").wait_for()
+    phone.wait_for_function(  # brought into view, a screen below the image
+        "() => { const r = document.querySelector('#verdict').getBoundingClientRect();"
+        " return r.top >= 0 && r.bottom <= innerHeight; }"
+    )
     _loaded(phone, "#overlay")
-    _shot(phone, "classify", "#verdict")
-    _tab(phone, "Explore patches")
-    view = phone.locator("#view img").first
-    view.wait_for()
-    box = view.bounding_box()
-    view.click(position={"x": box["width"] / 2, "y": box["height"] / 2})
+    _shot(phone, "classify", "#results")
+    _tab(phone, "Explore")
+    _click_patch(phone)
     for figure in ("#patch-attention", "#patch-rollout", "#heads-grid"):
         _loaded(phone, figure)
     _shot(phone, "explore", "#patch-text")
-    _tab(phone, "Compare methods")
+    _tab(phone, "Compare")
     _compare(phone)
     columns = phone.eval_on_selector("#compare-gallery .grid-container", "g => getComputedStyle(g).gridTemplateColumns")
     assert len(columns.split()) == 2, columns  # 4 columns on wider screens
@@ -363,9 +496,15 @@ def test_phone_layout_examples_before_results_and_every_view(phone):
     _shot(phone, "compare", "#compare-text")
     _tab(phone, "Batch")
     phone.locator("#files input[type=file]").set_input_files([str(p) for p in EXAMPLE_PHOTOS])
-    phone.get_by_role("button", name="Classify all").click()
     phone.locator("#batch-csv a[download='predictions.csv']").wait_for()
     _loaded(phone, "#batch-gallery", len(EXAMPLE_PHOTOS))
+    tiles = phone.eval_on_selector_all(  # each caption whole, under its picture, none over it
+        "#batch-gallery .thumbnail-item",
+        "ts => ts.map(t => { const i = t.querySelector('img').getBoundingClientRect();"
+        " const c = t.querySelector('.caption-label'); const r = c.getBoundingClientRect();"
+        " return [c.innerText, r.top >= i.bottom - 1, c.scrollWidth <= c.clientWidth + 1]; })",
+    )
+    assert len(tiles) == len(EXAMPLE_PHOTOS) and all(below and whole for _, below, whole in tiles), tiles
     _shot(phone, "batch", "#batch-note")
     _tab(phone, "Inspect")
     phone.get_by_role("button", name="Analyse model").click()

@@ -88,7 +88,7 @@ def test_classify_draws_each_methods_own_map(ctx, photo):
     for m in methods.METHODS:
         target = "cat" if m.per_class else "(predicted class)"
         labels, overlay, _, _, explains = classify.classify(ctx, photo, choice, m.title, target)
-        assert set(labels) <= set(NAMES) and overlay.width == 60
+        assert set(labels) <= set(NAMES) and overlay.width == 300  # the 60x40 photo, shown 5 times larger
         assert explains.startswith("Map explains: cat (") if m.per_class else "the prediction" in explains
         s = parse_settings(a.model, m.title, target)
         want = m.fn(a.model, a.x, **s.options(), **({"target": 3} if m.per_class else {}))[0]
@@ -105,7 +105,7 @@ def test_batch_maps_with_each_batchable_method_and_refuses_the_others(ctx, photo
     for m in methods.METHODS:
         if m.batchable:
             gallery, _, note = batch.batch(ctx, [photo, photo], ctx.models.default, m.title)
-            assert len(gallery) == 2 and note == "2 image(s) classified"
+            assert len(gallery) == 2 and note == f"2 image(s) classified; maps: {m.name}"
         else:
             with pytest.raises(gr.Error, match=re.escape(f"{m.title} is on the Classify tab")):
                 batch.batch(ctx, [photo], ctx.models.default, m.title)

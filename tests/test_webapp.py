@@ -1,24 +1,30 @@
 """The app's server side without a server: the cached forward pass, the patch explorer's geometry and rows,
-the settings checks, batch uploads (zip safety included), and what the app says about a model."""
+the settings checks, batch uploads (zip safety included), what the app says about a model, and how the page
+keeps its results fresh (tickets), numbers layers, labels colour bars and shows tiny images."""
 
 from __future__ import annotations
 
+import argparse
 import io
+import json
 import struct
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
+import gradio as gr
 import pytest
 import torch
 from PIL import Image, ImageOps
 
 import vit_core
 from vit_core import explain, methods
-from vit_core.data import build_transform, load_image, read_header
-from webapp import analysis, batch, comparison, explorer, model_info, settings
+from vit_core.data import ImageDataError, TooManyPixelsError, build_transform, load_image, read_header
+from webapp import analysis, batch, catalog, comparison, explorer, model_info, options, render, settings
 from webapp.analysis import Analysis, AnalysisCache, analyse
 from webapp.catalog import BUNDLED, ROOT
 from webapp.settings import Settings, parse_settings
+from webapp.ui import fresh, picker
 
 from .rss import peak_of
 
@@ -452,3 +458,139 @@ def test_the_app_says_none_of_my_classes_when_the_models_detector_does(tmp_path)
     plain = _model(label_names=("a", "b", "c", "d", "e"))
     b = analyse(plain, build_transform(plain.pretrained_cfg), "plain-speck", str(speck), CPU)
     assert b.is_ood is None and b.ood_score is None
+
+
+# ---------------------------------------------------------------------------- what the page shows and says
+
+
+def test_colour_bar_ends_are_told_apart_with_enough_digits():
+    """Gradient rollout's map can span 0.03% (a real photo: 0.99969 to 1): its ends must not read "1.00 … 1.00"."""
+    assert render.range_labels(0.99969, 1.0) == ("0.9997", "1.0000")
+    assert render.range_labels(0.9962, 1.0) == ("0.996", "1.000")
+    assert render.range_labels(0.13, 1.0) == ("0.13", "1.00")  # two decimals when they suffice
+    assert render.range_labels(0.0014, 0.14) == ("0.0014", "0.14")  # small values keep two significant digits
+    assert render.range_labels(0.5, 0.5) == ("0.500000", "0.500000")  # a flat map: as many digits as allowed
+    heat = torch.full((4, 4), 0.99969)
+    heat[0, 0] = 1.0
+    assert render.with_colorbar(Image.new("RGB", (300, 200)), heat, "gradient rollout").size[0] == 300
+
+
+def test_tiny_images_are_shown_enlarged_with_sharp_pixels(tmp_path):
+    one = render.display_copy(Image.new("RGB", (1, 1), (200, 10, 30)), 2048)
+    assert one.size == (256, 256) and set(one.getdata()) == {(200, 10, 30)}
+    grid = Image.new("L", (8, 4), 0)
+    grid.putpixel((7, 3), 255)
+    shown = render.display_copy(grid, 2048)
+    assert shown.size == (256, 128) and shown.getpixel((255, 127)) == (255, 255, 255)
+    assert shown.getpixel((223, 95)) == (0, 0, 0)  # nearest neighbour: a 32x32 square per pixel, no blur
+    assert render.display_copy(Image.new("RGB", (6000, 8)), 2048).size == (2048, 3)
+    assert render.display_copy(Image.new("RGB", (300, 20)), 2048).size == (300, 20)  # large enough already
+    a = _analysis(tmp_path, "token", size=(10, 6))  # the map covers the enlarged picture's crop
+    assert a.shown.size == (260, 156) and a.box == tuple(round(v * 26) for v in a.crop)
+
+
+def test_an_image_over_the_servers_pixel_limit_is_refused_as_the_servers_limit(monkeypatch):
+    monkeypatch.setattr(analysis, "MAX_PIXELS", 100)
+    buf = io.BytesIO()
+    Image.new("RGB", (20, 10)).save(buf, "PNG")
+    with pytest.raises(ImageDataError, match=r"20x10 pixels is more than this server accepts") as e:
+        analysis.read_upload_header(buf.getvalue())
+    assert "max_pixels" not in str(e.value)  # a visitor cannot raise it
+    with pytest.raises(TooManyPixelsError, match="raise max_pixels"):  # the library's own words, for code
+        vit_core.data.load_image(buf.getvalue(), max_pixels=100)
+
+
+def test_layers_and_heads_are_numbered_from_0_everywhere():
+    model = _model()  # 2 layers, 4 heads
+    assert [settings.check_layer(model, v) for v in (0, 1, -1, -2)] == [0, 1, 1, 0]
+    with pytest.raises(ValueError, match=r"layer must be 0\.\.1 for this 2-layer model \(0 = first\), or -1\.\.-2"):
+        settings.check_layer(model, 2)
+    assert settings.layer_name(1, 2) == "layer 1 (the last)" and settings.layer_name(0, 12) == "layer 0 (the first)"
+    assert settings.layer_name(5, 12) == "layer 5" and settings.head_name(None) == "mean of heads"
+    assert settings.head_name(0) == "head 0" and settings.check_head(model, "3") == 3
+
+
+def test_tickets_drop_answers_to_older_requests_and_about_a_previous_subject():
+    t = fresh.Tickets(max_entries=3)
+    cat, dog = fresh.subject_of("cat.jpg", "bundled"), fresh.subject_of("dog.jpg", "bundled")
+    assert t.start("page", "classify", 2, cat) and t.current("page", "classify", 2, cat)
+    assert not t.start("page", "classify", 1, cat)  # sent before the one already running: its answer is stale
+    assert t.start("page", "classify", 5, cat) and not t.current("page", "classify", 2, cat)  # the newest wins
+    t.change("page", "classify", 7, dog)  # the page chose another image
+    assert not t.current("page", "classify", 5, cat) and not t.start("page", "classify", 6, cat)  # about the cat
+    assert t.start("page", "classify", 6, dog)  # asked about the dog before the page saw the change: still true
+    assert t.start("page", "classify", 8, dog) and t.start("page", "explore", 1, cat)  # groups apart
+    assert t.start("other page", "classify", 1, cat)  # pages apart
+    assert t.start(None, "classify", 0, cat) and t.start("page", "classify", None, cat)  # the API: no ticket
+    assert fresh.subject_of(["a.png", "b.zip"], "m") == fresh.subject_of(["a.png", "b.zip"], "m")  # files, hashable
+    for i in range(5):
+        t.start(f"page {i}", "g", 1)
+    assert len(t._newest) == 3  # bounded: the least recently used are forgotten
+
+
+def test_an_answer_is_shown_in_place_of_the_outputs_or_dropped_when_stale(monkeypatch):
+    monkeypatch.setattr(fresh, "TICKETS", fresh.Tickets())
+    page, cat = SimpleNamespace(session_hash="page"), fresh.subject_of("cat.jpg", "bundled")
+
+    def refused():
+        raise gr.Error("not an image")
+
+    assert fresh.answer(page, "g", 1, cat, 2, lambda: ("map", "cat"), lambda e: (None, e)) == ("map", "cat")
+    assert fresh.answer(page, "g", 2, cat, 2, refused, lambda e: (None, fresh.problem(e))) == (None, "⚠️ not an image")
+
+    def overtaken():  # the page chooses another image while this runs
+        fresh.TICKETS.change("page", "g", 4, fresh.subject_of("dog.jpg", "bundled"))
+        return "old map", "cat"
+
+    skipped = fresh.answer(page, "g", 3, cat, 2, overtaken, lambda e: (None, e))
+    assert all(isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1 for v in skipped)
+    assert fresh.answer(page, "g", 3, cat, 2, lambda: ("x", "y"), lambda e: e) == skipped  # not even run
+
+
+def test_inspect_says_the_measured_accuracy_and_the_training_in_words(tmp_path):
+    bundled = catalog.BUNDLED
+    top1 = json.loads((bundled / "eval_test.json").read_text())["top1"]
+    flip = json.loads((bundled / "eval_test_flip.json").read_text())["top1"]
+    text = model_info.measured_accuracy(bundled)
+    assert text.startswith(f"{top1:.2f}% top-1") and "on the 10,000 images of the cifar10 test split" in text
+    assert f"{flip:.2f}% top-1" in text and "flip averaging, as this app predicts" in text
+    last = json.loads((bundled / "metrics.jsonl").read_text().splitlines()[-1])
+    training = model_info.training_summary(bundled)
+    assert training.startswith(f"{last['epoch']} epochs in ")
+    assert f"{last['ema_test_top1']:.2f}% on the 2,000 test images checked each epoch" in training
+    assert "lr" not in training.split() and "train_top1" not in training
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"epoch": 1, "train_loss": 2.0, "test_top1": 31.5}\n')
+    assert model_info.training_summary(run) == "1 epoch; last epoch: training loss 2.000, 31.50% on the test split."
+    assert model_info.measured_accuracy(run).startswith("not measured on a whole test split")
+    assert model_info.training_summary(tmp_path) is None  # no metrics
+    summary = model_info.summary(_model(), run)
+    assert "| Accuracy (measured) | not measured" in summary and "| Training | 1 epoch;" in summary
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "host", "allow_any"),
+    [
+        ([], {}, "127.0.0.1", True),
+        (["--public"], {}, "0.0.0.0", False),  # public: all interfaces, and listed models only
+        (["--public", "--host", "10.0.0.5"], {}, "10.0.0.5", False),
+        ([], {"GRADIO_SERVER_NAME": "0.0.0.0", "SPACE_ID": "me/app"}, "0.0.0.0", False),  # a Space
+        (["--host", "0.0.0.0"], {}, "0.0.0.0", False),  # reachable from elsewhere: no typed models by default
+    ],
+)
+def test_public_mode_serves_all_interfaces_and_the_picker_says_what_it_allows(monkeypatch, argv, env, host, allow_any):
+    for name in ("GRADIO_SERVER_NAME", "SPACE_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    p = argparse.ArgumentParser()
+    p.add_argument("--host")
+    p.add_argument("--share", action="store_true")
+    options.add_arguments(p)
+    args = p.parse_args(argv)
+    assert options.serving_host(args) == host and options.configure(args).allow_any is allow_any
+    label = picker.label(allow_any)
+    assert ("type a run folder or a Hub repo id" in label) is allow_any
+    assert allow_any or "it loads no other" in label

@@ -127,7 +127,8 @@ def position_similarity_figure(similarity: torch.Tensor | np.ndarray) -> Image.I
 
 def attention_distance_figure(distances: torch.Tensor | np.ndarray, title: str | None = None) -> Image.Image:
     """Paper fig. 7 right / fig. 11: mean attention distance (``inspection.mean_attention_distance``,
-    (depth, heads) in pixels) against depth, one dot per head."""
+    (depth, heads) in pixels) against depth, one dot per head. Layers and heads are numbered from 0, as
+    everywhere in ``vit_core`` and the app."""
     d = _numpy(distances)
     if d.ndim != 2:
         raise ValueError(f"distances must be (depth, heads), got shape {d.shape}")
@@ -135,10 +136,10 @@ def attention_distance_figure(distances: torch.Tensor | np.ndarray, title: str |
     fig = Figure(figsize=(5, 4), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     for h in range(heads):
-        ax.scatter(np.arange(1, depth + 1), d[:, h], s=12, label=f"Head {h + 1}")
-    ax.set_xlabel("Network depth (layer)")
+        ax.scatter(np.arange(depth), d[:, h], s=12, label=f"head {h}")
+    ax.set_xlabel("Network depth (layer, from 0)")
     ax.set_ylabel("Mean attention distance (pixels)")
-    ax.set_xticks(np.arange(1, depth + 1))
+    ax.set_xticks(np.arange(depth))
     ax.set_ylim(0, 1.1 * max(float(d.max()), 1e-6))
     if title:
         ax.set_title(title)

@@ -26,8 +26,10 @@ from PIL import Image
 
 from vit_core import VisionTransformer, explain
 from vit_core.calibration import predict
-from vit_core.data import ImageTransform, load_image, read_header
+from vit_core.data import ImageDataError, ImageHeader, ImageTransform, TooManyPixelsError, load_image, read_header
+from vit_core.data.images import ImageSource
 
+from . import render
 from .settings import Settings, affordable, refusal
 
 MAX_SIDE = 2048  # larger uploads are decoded reduced to this long side, and overlays drawn at it
@@ -48,7 +50,7 @@ class Analysis:
     """An upload and the model's forward pass on it."""
 
     model: VisionTransformer
-    shown: Image.Image  # the upload, upright RGB, downscaled to MAX_SIDE: what overlays are drawn on
+    shown: Image.Image  # the upload, upright RGB, sized to show (``render.display_copy``): what overlays are drawn on
     size: tuple[int, int]  # the upload's own (width, height): API coordinates are in these pixels
     crop: tuple[float, float, float, float]  # region the model saw, in the upload's pixels
     x: torch.Tensor  # (1, C, H, W) model input, CPU
@@ -105,6 +107,19 @@ class AnalysisCache:
 ANALYSES = AnalysisCache()
 
 
+def read_upload_header(src: ImageSource) -> ImageHeader:
+    """``read_header`` with this server's ``MAX_PIXELS``: an upload over it is refused in words for the person
+    who sent it (the limit is the server's, not theirs to raise)."""
+    try:
+        return read_header(src, MAX_PIXELS)
+    except TooManyPixelsError as e:
+        w, h = e.size
+        raise ImageDataError(
+            f"{e.name}: {w}x{h} pixels is more than this server accepts ({MAX_PIXELS / 1e6:g} megapixels, a guard "
+            "against decompression bombs); downscale the image and try again"
+        ) from None
+
+
 def _digest(path: str) -> str | None:
     try:
         h = hashlib.sha256()
@@ -132,14 +147,12 @@ def analyse(
     Raises ``vit_core.data.ImageDataError`` for files that are not safe, readable images."""
 
     def compute() -> Analysis:
-        size = read_header(path, MAX_PIXELS).size
+        size = read_upload_header(path).size
         img = load_image(path, MAX_PIXELS, MAX_SIDE, needed_side(transform))  # reduced: never held at full size
         if (img.width < img.height) != (size[0] < size[1]):  # a PNG whose EXIF rotation came after its pixels
             size = size[::-1]
         x = transform(img).unsqueeze(0)
-        shown = img if img.mode == "RGB" else img.convert("RGB")
-        if max(shown.size) > MAX_SIDE:  # an extreme aspect ratio, kept larger for the model's short side
-            shown.thumbnail((MAX_SIDE, MAX_SIDE))
+        shown = render.display_copy(img, MAX_SIDE)  # an extreme aspect ratio was kept larger for the model
         with autocast(device):  # the image and its mirror, calibrated and checked where the model can be
             p = predict(model, x.to(device), tta="flip", return_attention=True)
         return Analysis(

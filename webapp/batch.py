@@ -33,10 +33,10 @@ from PIL import Image
 
 from vit_core import VisionTransformer, methods
 from vit_core.calibration import predict
-from vit_core.data import ImageDataError, ImageTransform, load_image, read_header
+from vit_core.data import ImageDataError, ImageTransform, load_image
 
 from . import render
-from .analysis import MAX_PIXELS, autocast, needed_side
+from .analysis import MAX_PIXELS, autocast, needed_side, read_upload_header
 from .model_info import UNSURE_BELOW, verdict
 from .settings import Settings
 
@@ -178,7 +178,7 @@ def _decode(item: Item, data: bytes, need: int, pixels: list[int]) -> Image.Imag
     buf = io.BytesIO(data)
     buf.name = item.name  # load_image's messages name their source
     try:
-        header = read_header(buf, MAX_PIXELS)
+        header = read_upload_header(buf)
         w, h = header.decoded_size(THUMB, need)
         if header.decode_bytes(THUMB, need) > MAX_DECODE_BYTES:
             item.error = (
@@ -223,8 +223,7 @@ def classify_batch(
         img = None if data is None else _decode(item, data, need, pixels)
         if img is None:
             continue
-        shown = img.convert("RGB")
-        shown.thumbnail((THUMB, THUMB))  # an extreme aspect ratio kept larger for the model: the gallery's size
+        shown = render.display_copy(img, THUMB)  # an extreme aspect ratio was kept larger for the model
         chunk.append((item, transform(img), shown))
         del img, data
         if len(chunk) == chunk_size(s.method):

@@ -18,7 +18,7 @@ from vit_core import explain
 
 from . import render
 from .analysis import Analysis
-from .settings import Settings
+from .settings import Settings, head_name, layer_name
 
 SIDE = 320  # long side of the explorer's overlays, in pixels
 TILE = 144  # long side of one head's tile
@@ -96,22 +96,21 @@ def explore(a: Analysis, patch: Patch, s: Settings) -> tuple[Image.Image, Image.
     """The patch's attention row at ``s.layer`` / ``s.head``, its rollout row, a grid of every head's row at
     that layer, and a sentence saying what they show."""
     heads = a.model.config.num_heads
-    head_name = "mean of heads" if s.head is None else f"head {s.head}"
+    layer, head = layer_name(s.layer, a.model.config.depth), head_name(s.head)
     attention = attention_row(a, patch, s.layer, s.head)
-    first = render.map_on_crop(
-        a.shown, a.box, attention, s.opacity, SIDE, f"attention, layer {s.layer}, {head_name}", patch.cell
-    )
+    first = render.map_on_crop(a.shown, a.box, attention, s.opacity, SIDE, f"attention, {layer}, {head}", patch.cell)
     rollout = rollout_row(a, patch, s.head_fusion, s.discard_ratio)
     second = render.map_on_crop(a.shown, a.box, rollout, s.opacity, SIDE, "rollout", patch.cell)
     tiles = [
         render.with_colorbar(render.map_on_crop(a.shown, a.box, row, s.opacity, TILE, patch=patch.cell), row, "")
         for row in (attention_row(a, patch, s.layer, h) for h in range(heads))
     ]
-    grid = render.tile_grid(tiles, [f"head {h}" for h in range(heads)], columns=min(heads, 4))
+    grid = render.tile_grid(tiles, [head_name(h) for h in range(heads)], columns=min(heads, 4))
+    grid = render.titled(grid, [f"Every head of {layer}"])
     gw = patch.grid[1]
     top = int(attention.flatten().argmax())
     text = (
-        f"Patch at {patch.describe()}. At layer {s.layer} ({head_name}) it attends most to row {top // gw + 1}, "
+        f"Patch at {patch.describe()}. At {layer}, {head}, it attends most to row {top // gw + 1}, "
         f"column {top % gw + 1} ({float(attention.max()):.0%} of its attention)."
     )
     return (

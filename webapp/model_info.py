@@ -13,7 +13,7 @@ from PIL import Image
 from torch import nn
 
 from vit_core import VisionTransformer, figures, inspection
-from vit_core.run_folder import METRICS_NAME
+from vit_core.run_folder import METRICS_NAME, RECIPE_NAME
 
 from .analysis import autocast
 
@@ -134,21 +134,79 @@ def summary(model: VisionTransformer, folder: Path | None) -> str:
         ("Pooling", "class token" if cfg.global_pool == "token" else "average of patch tokens"),
         ("Classes", f"{cfg.num_classes}: {', '.join(names)[:300]}"),
     ]
-    metrics = folder / METRICS_NAME if folder else None
-    if metrics and metrics.is_file() and metrics.read_text().strip():
-        last = json.loads(metrics.read_text().strip().splitlines()[-1])
-        rows.append(
-            (
-                "Training (last epoch)",
-                ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in last.items()),
-            )
-        )
+    if folder is not None:
+        rows.append(("Accuracy (measured)", measured_accuracy(folder)))
+        if (training := training_summary(folder)) is not None:
+            rows.append(("Training", training))
     text = "| Property | Value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
     card = folder / "README.md" if folder else None
     if card and card.is_file():
         body = card.read_text().split("---", 2)[-1].strip()
         text += "\n\n<details><summary>Model card</summary>\n\n" + _inline_images(body, folder) + "\n\n</details>"
     return text
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def measured_accuracy(folder: Path) -> str:
+    """The accuracy ``python -m train eval`` measured on a whole split (its ``eval_*.json``): top-1 (top-5), on
+    how many images of which split, then with each test-time augmentation measured, flips first: they are what
+    this app computes (``vit_core.calibration.predict``)."""
+    results = [r for p in sorted(folder.glob("eval_*.json")) if (r := _json(p)) and isinstance(r.get("top1"), float)]
+    if not results:
+        return "not measured on a whole test split (no `eval_*.json`: `python -m train eval` writes one)"
+    parts = []
+    for r in sorted(results, key=lambda r: (r.get("data") or "", r.get("split") or "", r.get("tta") or "")):
+        tta, count = r.get("tta"), r.get("count")
+        top5 = f" ({r['top5']:.2f}% top-5)" if isinstance(r.get("top5"), float) else ""
+        images = f"the {count:,} images of " if isinstance(count, int) else ""
+        on = f" on {images}the {r.get('data')} {r.get('split')} split" if tta is None or len(results) == 1 else ""
+        how = (
+            ""
+            if tta is None
+            else " with flip averaging, as this app predicts"
+            if tta == "flip"
+            else f" with {tta} views"
+        )
+        parts.append(f"{r['top1']:.2f}% top-1{top5}{on}{how}")
+    return "; ".join(parts)
+
+
+def training_summary(folder: Path) -> str | None:
+    """The run in a sentence, from ``metrics.jsonl`` (its last epoch) and ``recipe.json``: epochs and time, the
+    last epoch's training loss and accuracy, and the accuracy checked each epoch (on a subset of the test split
+    when the recipe says so: not the whole-split number of ``measured_accuracy``). None without metrics."""
+    lines = (folder / METRICS_NAME).read_text().strip().splitlines() if (folder / METRICS_NAME).is_file() else []
+    try:
+        last = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    if not isinstance(last, dict):
+        return None
+    recipe = _json(folder / RECIPE_NAME) or {}
+    number = lambda key: last.get(key) if isinstance(last.get(key), int | float) else None  # noqa: E731
+    epochs = last.get("epoch")
+    text = f"{epochs} epoch{'s' * (epochs != 1)}" if isinstance(epochs, int) else "a run"
+    if number("elapsed_s"):
+        text += f" in {number('elapsed_s') / 60:.0f} min"
+    last_epoch = []
+    if number("train_loss") is not None:
+        last_epoch.append(f"training loss {number('train_loss'):.3f}")
+    if number("train_top1") is not None:
+        last_epoch.append(f"training accuracy {number('train_top1'):.1f}% (augmented images)")
+    key = "ema_test_top1" if number("ema_test_top1") is not None else "test_top1"
+    if number(key) is not None:
+        subset = recipe.get("eval_subset")
+        on = f"the {subset:,} test images checked each epoch" if isinstance(subset, int) else "the test split"
+        weights = " (the weight average, as exported)" if key.startswith("ema") else ""
+        last_epoch.append(f"{number(key):.2f}% on {on}{weights}")
+    return text + (f"; last epoch: {', '.join(last_epoch)}" if last_epoch else "") + "."
 
 
 _IMAGE_LINK = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")

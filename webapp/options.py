@@ -17,6 +17,8 @@ import yaml
 from .errors import log
 
 AUTO_MODEL = "auto"
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+ALL_INTERFACES = "0.0.0.0"
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--public",
         action="store_true",
-        help="serve only the listed models, local ones only from models/ and runs/ (always on a Space)",
+        help="serve the public: on all interfaces (0.0.0.0) unless --host says otherwise, only the listed models, "
+        "local ones only from models/ and runs/ (always on a Space)",
     )
     listed = g.add_mutually_exclusive_group()
     listed.add_argument(
@@ -73,15 +76,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--failed-load-ttl", type=float, default=d.failed_ttl, help="seconds a failed load is remembered")
 
 
+def is_public(args: argparse.Namespace) -> bool:
+    """Public mode: ``--public``, and always on a Hugging Face Space."""
+    return bool(getattr(args, "public", False) or os.environ.get("SPACE_ID"))
+
+
+def serving_host(args: argparse.Namespace) -> str:
+    """The address the app listens on: ``--host``, else ``GRADIO_SERVER_NAME`` (a Space sets it), else all
+    interfaces in public mode and this machine only otherwise."""
+    host = getattr(args, "host", None) or os.environ.get("GRADIO_SERVER_NAME")
+    return host or (ALL_INTERFACES if is_public(args) else "127.0.0.1")
+
+
 def configure(args: argparse.Namespace) -> Options:
     """Options from the parsed command line (and ``SPACE_ID``: a Space is public); sets up the log."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO)
-    public = bool(args.public or os.environ.get("SPACE_ID"))
-    host = getattr(args, "host", None) or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
-    local = host in ("127.0.0.1", "localhost", "::1") and not getattr(args, "share", False)
+    public = is_public(args)
+    local = serving_host(args) in LOCAL_HOSTS and not getattr(args, "share", False)
     if public and args.allow_any_model:
         raise SystemExit("--allow-any-model: public mode serves only the listed models")
     allow_any = (local and not public) if args.allow_any_model is None else args.allow_any_model

@@ -22,6 +22,7 @@ Box = tuple[int, int, int, int]  # (left, top, right, bottom) in pixels
 OUTLINE = (255, 255, 255)
 SHADOW = (0, 0, 0)
 IMAGE_DESCRIPTION = 0x010E  # EXIF tag
+MIN_SIDE = 256  # smaller images are shown enlarged: a map over an 8-pixel image is not an 8-pixel speck
 
 
 @lru_cache(maxsize=16)
@@ -29,8 +30,15 @@ def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
     return ImageFont.load_default(size=size)
 
 
-def _fmt(v: float) -> str:
-    return f"{v:.2g}" if 0 < abs(v) < 0.01 else f"{v:.2f}"
+def range_labels(lo: float, hi: float) -> tuple[str, str]:
+    """The two ends of a map's range, with as many decimals as it takes to tell them apart (up to 6): a nearly
+    flat map (gradient rollout's can span 0.1%) reads "0.9991 … 1.0000", not "1.00 … 1.00"; values under
+    0.01 keep two significant digits ("0.0014")."""
+    for decimals in range(2, 7):
+        labels = tuple(f"{v:.2g}" if 0 < abs(v) < 0.01 else f"{v:.{decimals}f}" for v in (lo, hi))
+        if labels[0] != labels[1]:
+            break
+    return labels
 
 
 def outline(img: Image.Image, box: tuple[float, float, float, float], width: int = 2) -> Image.Image:
@@ -54,7 +62,7 @@ def with_colorbar(img: Image.Image, heat: torch.Tensor, caption: str) -> Image.I
     strip.paste(Image.fromarray(np.round(np.repeat(ramp, bar_h, axis=0) * 255).astype(np.uint8)), (0, pad))
     draw = ImageDraw.Draw(strip)
     y = pad + bar_h + pad
-    lo, hi = _fmt(float(heat.min())), _fmt(float(heat.max()))
+    lo, hi = range_labels(float(heat.min()), float(heat.max()))
     draw.text((1, y), lo, fill="black", font=font)
     draw.text((w - 1, y), hi, fill="black", font=font, anchor="ra")
     room = w - draw.textlength(lo, font=font) - draw.textlength(hi, font=font) - 4 * size
@@ -122,6 +130,20 @@ def tile_grid(tiles: list[Image.Image], titles: list[str], columns: int) -> Imag
         x, y = gap + (i % columns) * cell_w, gap + (i // columns) * cell_h
         draw.text((x + w / 2, y), title, fill="black", font=font, anchor="ma")
         out.paste(tile, (x, y + size + gap))
+    return out
+
+
+def display_copy(img: Image.Image, max_side: int, min_side: int = MIN_SIDE) -> Image.Image:
+    """``img`` in RGB at a size to show, a copy: shrunk to ``max_side`` pixels on its long side, or enlarged by
+    a whole factor until its long side reaches ``min_side``, each pixel a sharp square (nearest neighbour):
+    a tiny image is shown as what it is, large enough to see and to carry a readable colour bar."""
+    out = img.convert("RGB")
+    long = max(out.size)
+    if long > max_side:
+        out.thumbnail((max_side, max_side))
+    elif long < min_side:
+        k = -(-min_side // long)
+        out = out.resize((out.width * k, out.height * k), Image.NEAREST)
     return out
 
 

@@ -65,7 +65,7 @@ class Settings:
 
     method: Method = methods.METHODS[0]
     target: int | None = None  # class index; None: the predicted class
-    layer: int = -1  # raw attention's block, negative from the end
+    layer: int = -1  # raw attention's block, from 0 (``parse_settings`` turns negative, from the end, into that)
     head: int | None = None  # None: mean over heads
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
@@ -87,11 +87,27 @@ def _integer(value: object, what: str) -> int:
 
 
 def check_layer(model: VisionTransformer, layer: object) -> int:
+    """A block index from 0 (the first) to depth - 1 (the last); negative counts from the end (-1: the last)."""
     depth = model.config.depth
     i = _integer(layer, "layer")
     if not -depth <= i < depth:
-        raise ValueError(f"layer must be in {-depth}..{depth - 1} for this {depth}-layer model, got {quote(layer)}")
+        raise ValueError(
+            f"layer must be 0..{depth - 1} for this {depth}-layer model (0 = first), or -1..{-depth} from the end; "
+            f"got {quote(layer)}"
+        )
     return i % depth
+
+
+def layer_name(layer: int, depth: int) -> str:
+    """A block as the app names it everywhere (tabs, API, docs): numbered from 0, as in ``vit_core``, with the
+    first and last said in words: "layer 11 (the last)"."""
+    where = " (the last)" if layer == depth - 1 else " (the first)" if layer == 0 else ""
+    return f"layer {layer}{where}"
+
+
+def head_name(head: int | None) -> str:
+    """A head as the app names it, numbered from 0 like layers: "head 2", or "mean of heads"."""
+    return "mean of heads" if head is None else f"head {head}"
 
 
 def check_head(model: VisionTransformer, head: object) -> int | None:

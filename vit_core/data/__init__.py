@@ -38,7 +38,15 @@ for a reproducible run; DataLoader workers are seeded by torch.
 
 from .batches import Batches, class_subset, fixed_subset
 from .datasets import HFImageDataset, ImageFolderDataset, InMemoryImageDataset, build_dataset, default_data_root
-from .images import ImageDataError, ImageHeader, load_image, match_channels, read_header, to_model_mode
+from .images import (
+    ImageDataError,
+    ImageHeader,
+    TooManyPixelsError,
+    load_image,
+    match_channels,
+    read_header,
+    to_model_mode,
+)
 from .transforms import AUGMENT_DEFAULTS, ImageTransform, build_mixup, build_transform, check_augment
 
 __all__ = [
@@ -50,6 +58,7 @@ __all__ = [
     "ImageHeader",
     "ImageTransform",
     "InMemoryImageDataset",
+    "TooManyPixelsError",
     "build_dataset",
     "build_mixup",
     "build_transform",

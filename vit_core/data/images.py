@@ -18,6 +18,19 @@ class ImageDataError(ValueError):
     """Bad image data or data location; the message says what is wrong and what to do."""
 
 
+class TooManyPixelsError(ImageDataError):
+    """An image over ``load_image``'s ``max_pixels``, refused from its header before decoding; callers that
+    set the limit for someone else (a web server) can say it in their own words."""
+
+    def __init__(self, name: str, size: tuple[int, int], limit: int) -> None:
+        w, h = size
+        self.name, self.size, self.limit = name, size, limit
+        super().__init__(
+            f"{name}: refused, {w}x{h} = {w * h:,} pixels is more than the limit of {limit:,} "
+            "(a guard against decompression bombs); downscale the image or raise max_pixels"
+        )
+
+
 ImageSource = str | Path | bytes | BinaryIO | Image.Image
 
 # EXIF orientation -> the transpose that makes the stored pixels upright (as ImageOps.exif_transpose).
@@ -102,7 +115,8 @@ def load_image(
 ) -> Image.Image:
     """Open an image safely and return it decoded, upright, in mode "RGB" or "L".
 
-    - Refuses images over ``max_pixels`` from the header, before decoding (decompression bombs).
+    - Refuses images over ``max_pixels`` from the header, before decoding (decompression bombs):
+      ``TooManyPixelsError``.
     - Non-images, truncated and corrupt files raise ``ImageDataError`` naming the source and the problem.
     - Applies the EXIF orientation (phone photos); animations give their first frame.
     - Grayscale stays "L" (also 1-bit and 16/32-bit, which are scaled to 8 bits: ``I;16`` by 1/257, ``I`` by
@@ -156,10 +170,7 @@ def _describe(src: object) -> str:
 def _check_pixels(img: Image.Image, name: str, max_pixels: int) -> None:
     w, h = img.size
     if w * h > max_pixels:
-        raise ImageDataError(
-            f"{name}: refused, {w}x{h} = {w * h:,} pixels is more than the limit of {max_pixels:,} "
-            "(a guard against decompression bombs); downscale the image or raise max_pixels"
-        )
+        raise TooManyPixelsError(name, (w, h), max_pixels)
 
 
 def _orientation(img: Image.Image) -> int:

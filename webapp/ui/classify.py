@@ -1,6 +1,8 @@
 """The Classify tab: an image's top classes, the prediction in words, and a map of where the model looked.
 
-Every setting re-renders at once from the cached forward pass (``rerender``); ``/classify`` is the API."""
+It classifies as soon as an image is chosen (uploaded, pasted, captured or an example clicked) and again when
+the model changes; every setting re-renders from the cached forward pass. The page's events show ``show``'s
+answer to the newest request (``fresh``); ``/classify`` is the API, which raises its errors."""
 
 from __future__ import annotations
 
@@ -10,8 +12,6 @@ from pathlib import Path
 
 import gradio as gr
 import torch
-from gradio import image_utils
-from gradio.data_classes import FileData
 from PIL import Image
 
 from vit_core import VisionTransformer, methods
@@ -21,33 +21,31 @@ from ..admission import COMPUTE
 from ..analysis import Analysis, explained_class, relevance
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
-from ..settings import PREDICTED, Settings, check_top_k, default_method, parse_settings
+from ..settings import PREDICTED, Settings, check_top_k, default_method, head_name, layer_name, parse_settings
+from . import fresh
 from .context import EXAMPLES, Context
-from .inputs import CheckedDropdown, CheckedRadio
+from .inputs import CheckedDropdown, CheckedRadio, ImageUpload
 from .picker import Picker
 
 MAX_TOP_K = 10
-
-
-class ImageUpload(gr.Image):
-    """``gr.Image`` that hands the uploaded file to ``vit_core.data.load_image`` undecoded, so corrupt files,
-    bombs and odd modes get our checks and messages instead of failing inside Gradio."""
-
-    is_template = True
-
-    def preprocess(self, payload: FileData | None) -> str | None:
-        if payload is None:
-            return None
-        if payload.url and payload.url.startswith("data:"):  # pasted / webcam images arrive inline
-            return image_utils.decode_base64_to_file(payload.url, self.GRADIO_CACHE, "png")
-        return payload.path
+GROUP = "classify"
+LAYER = "Layer (raw attention)"
+# On a phone the results sit a screen below the image: bring them into view when an image is chosen.
+SCROLL_TO_RESULTS_JS = """(image) => {
+  if (image && window.matchMedia('(max-width: 640px)').matches)
+    document.getElementById('verdict')?.scrollIntoView({behavior: 'smooth', block: 'start'});
+  return [];
+}"""
 
 
 def explains(a: Analysis, s: Settings) -> str:
     """The class the map explains, in words."""
     names, predicted = a.names, int(a.probs.argmax())
     if not s.method.per_class:
-        return f"Map explains: {names[predicted]}, the prediction (attention maps are the same for every class)"
+        where = (
+            f"; {layer_name(s.layer, a.model.config.depth)}, {head_name(s.head)}" if "layer" in s.method.options else ""
+        )
+        return f"Map explains: {names[predicted]}, the prediction (attention maps are the same for every class{where})"
     target = explained_class(a, s)
     why = "the predicted class" if target == predicted else f"chosen; the model predicts {names[predicted]}"
     return f"Map explains: {names[target]} ({why})"
@@ -71,7 +69,9 @@ def classify(
     """Top-k classes; the image with a relevance map over the region the model saw (with a colour bar);
     the compute time in ms (decode, model and map; a cached forward pass is reused when only the settings
     change); the prediction in words ("Not sure — maybe ..." below 50%); and the class the map explains.
-    ``method`` None: the model's default (``default_method``: RISE where it fits the server's budget)."""
+    ``method`` None: the model's default (``default_method``: RISE where it fits the server's budget).
+    ``layer`` and ``head`` (raw attention) are numbered from 0; a negative layer counts from the end (-1: the
+    last)."""
     t0 = time.perf_counter()
     a = ctx.analysis(image, model_choice)
     method = method or default_method(a.model, ctx.device).title
@@ -86,15 +86,62 @@ def classify(
     return labels, render.unique(overlay, method), round(compute_ms, 2), verdict, explains(a, s)
 
 
-def rerender(ctx: Context, image: str | None, *settings):
-    """Live controls: re-render with the new settings (reusing the cached forward pass); nothing to do
-    before an image is there."""
-    return classify(ctx, image, *settings) if image is not None else (gr.skip(),) * 5
+BLANK = (None, None, "", "", "")  # labels, overlay, compute time, verdict (shown large), class explained
+
+
+def show(
+    ctx: Context,
+    image: str | None,
+    model_choice: str,
+    method: str,
+    target: str,
+    layer: int,
+    head: str,
+    head_fusion: str,
+    discard_ratio: float,
+    opacity: float,
+    top_k: int,
+    ticket: float | None,
+    request: gr.Request,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's idiom)
+) -> tuple:
+    """The tab's results for what is on screen (``classify``), the compute time in words; an error in place
+    of the verdict. Nothing before an image is there."""
+
+    def compute() -> tuple:
+        if image is None:
+            return BLANK
+        settings = (method, target, layer, head, head_fusion, discard_ratio, opacity, top_k)
+        labels, overlay, ms, verdict, explained = classify(ctx, image, model_choice, *settings, progress=progress)
+        took = f"{ms:,.0f}" if ms >= 10 else f"{ms:.1f}"  # "0.4 ms" when the forward pass and map were cached
+        return labels, overlay, f"Computed in {took} ms (decode, model and map).", headline(verdict), explained
+
+    def failed(message: str) -> tuple:
+        return *BLANK[:3], headline(fresh.problem(message), large=False), ""
+
+    return fresh.answer(request, GROUP, ticket, fresh.subject_of(image, model_choice), len(BLANK), compute, failed)
+
+
+def headline(text: str, large: bool = True) -> dict:
+    """The verdict's place: the prediction in large type; a problem, or "Classifying…", in normal type."""
+    return gr.update(value=text, elem_classes=["verdict"] if large else ["verdict", "quiet"])
+
+
+def blank(image: str | None) -> tuple:
+    """The results while a new image or model is being classified."""
+    return (*BLANK[:3], headline("*Classifying…*", large=False), "") if image is not None else BLANK
 
 
 def head_choices(model: VisionTransformer) -> list[str]:
-    """The head controls' choices: the mean of the heads, or one of them."""
+    """The head controls' choices: the mean of the heads, or one of them, numbered from 0 (as layers)."""
     return ["mean", *map(str, range(model.config.num_heads))]
+
+
+def layer_range(model: VisionTransformer, label: str) -> dict:
+    """A layer slider's range for ``model``: its blocks from 0 (the first) to depth - 1 (the last, the default),
+    as the explanations, the API and ``vit_core`` number them."""
+    depth = model.config.depth
+    return dict(minimum=0, maximum=depth - 1, value=depth - 1, label=f"{label}: 0 = first, {depth - 1} = last")
 
 
 def _in_sentence(name: str) -> str:
@@ -122,16 +169,16 @@ class ClassifyTab:
     discard: gr.Slider
     opacity: gr.Slider
     top_k: gr.Slider
+    api_layer: gr.Number  # the API's layer: any block, negative from the end as in ``vit_core`` (the slider: 0..)
 
     @property
     def fitted(self) -> list[gr.components.Component]:
         return [self.target, self.layer, self.head, self.method]
 
     def fit(self, model: VisionTransformer, device: torch.device) -> list:
-        depth = model.config.depth
         return [
             gr.Dropdown(choices=[PREDICTED, *model.class_names], value=PREDICTED),
-            gr.Slider(minimum=-depth, maximum=depth - 1, value=-1, step=1),
+            gr.Slider(**layer_range(model, LAYER)),
             gr.Dropdown(choices=head_choices(model), value="mean"),
             gr.Radio(value=default_method(model, device).title),
         ]
@@ -140,7 +187,6 @@ class ClassifyTab:
 def build(ctx: Context, picker: Picker) -> ClassifyTab:
     """The tab's two columns (inside the page's row): the image and the settings; the results."""
     model = picker.model
-    depth = model.config.depth
     per_class = ", ".join(_in_sentence(m.name) for m in methods.METHODS if m.per_class)
     with gr.Column():
         image = ImageUpload(
@@ -158,7 +204,7 @@ def build(ctx: Context, picker: Picker) -> ClassifyTab:
                 allow_custom_value=True,
                 label=f"Class to explain ({per_class})",
             )
-            layer = gr.Slider(-depth, depth - 1, value=-1, step=1, label="Layer (raw attention; -1 = last)")
+            layer = gr.Slider(step=1, **layer_range(model, LAYER))
             head = CheckedDropdown(
                 head_choices(model), value="mean", allow_custom_value=True, label="Head (raw attention)"
             )
@@ -175,29 +221,46 @@ def build(ctx: Context, picker: Picker) -> ClassifyTab:
             example_labels=[_example_label(p) for p in EXAMPLES],
             label="Examples (licences in examples/LICENSES.md)",
         )
-    with gr.Column():
+    with gr.Column(elem_id="results"):
         verdict = gr.Markdown(label="Prediction in words", elem_classes="verdict", elem_id="verdict")
         explained = gr.Markdown(label="Class the map explains", elem_id="explains")
-        overlay = gr.Image(type="pil", label="Where the model looked", elem_id="overlay", height=360)
+        # no label drawn over the picture: the line above says what it shows (the label names the API output)
+        overlay = gr.Image(
+            type="pil",
+            label="Where the model looked",
+            show_label=False,
+            elem_id="overlay",
+            elem_classes="figure",
+            height=360,
+        )
         gr.Markdown(
             "The coloured region is what the model saw, resized to its input size (a centre crop, "
             "or the whole image when the model squashes); the rest was not used. The colour bar gives "
             "the map's range."
         )
         labels = gr.Label(label="Top-k classes", show_heading=False, elem_id="labels")
-        compute_ms = gr.Number(label="Compute time (ms): decode, model, map", precision=2)
+        compute_time = gr.Markdown(elem_id="compute-time")
+    # the API's own inputs and outputs where the page shows them differently
+    api_layer = gr.Number(-1, precision=0, visible=False, label="Layer (raw attention): 0 = first, -1 = last")
+    compute_ms = gr.Number(label="Compute time (ms): decode, model, map", precision=2, visible=False)
 
     settings = [method, target, layer, head, head_fusion, discard, opacity, top_k]
-    results = [labels, overlay, compute_ms, verdict, explained]
-    button.click(
-        ctx.handler(classify, "classify"),
-        [image, picker.choice, *settings],
+    results = [labels, overlay, compute_time, verdict, explained]
+    gr.on([image.change, button.click], None, [image], None, js=SCROLL_TO_RESULTS_JS)
+    new_input = fresh.on_change([image.change, picker.active.change], [GROUP], [image, picker.active], blank, results)
+    handler = ctx.handler(show, "classify")
+    fresh.then(
+        new_input,
+        handler,
+        [image, picker.active, *settings],
         results,
-        api_name="classify",
+        show_progress_on=[overlay],
         concurrency_id=COMPUTE,
+        api_name="classify_new",
     )
-    gr.on(
+    fresh.listen(
         [
+            button.click,
             method.input,
             target.input,
             layer.release,
@@ -207,12 +270,20 @@ def build(ctx: Context, picker: Picker) -> ClassifyTab:
             opacity.release,
             top_k.release,
         ],
-        ctx.handler(rerender, "classify"),
-        [image, picker.choice, *settings],
+        handler,
+        [image, picker.active, *settings],
         results,
-        api_visibility="private",
-        trigger_mode="always_last",
-        show_progress="hidden",
+        show_progress_on=[overlay],
+        concurrency_id=COMPUTE,
+        api_name="classify_page",
+    )
+    api_settings = [method, target, api_layer, head, head_fusion, discard, opacity, top_k]
+    gr.on(
+        [],
+        ctx.handler(classify, "classify"),
+        [image, picker.choice, *api_settings],
+        [labels, overlay, compute_ms, verdict, explained],
+        api_name="classify",
         concurrency_id=COMPUTE,
     )
-    return ClassifyTab(image, method, target, layer, head, head_fusion, discard, opacity, top_k)
+    return ClassifyTab(image, method, target, layer, head, head_fusion, discard, opacity, top_k, api_layer)

@@ -1,5 +1,6 @@
-"""The Compare methods tab: every method's map for the same image and class, each with its deletion and
-insertion AUC on that image, beside the centre-Gaussian baseline (``webapp.comparison``); ``/compare``."""
+"""The Compare tab: every method's map for the same image and class, each with its deletion and insertion AUC
+on that image, beside the centre-Gaussian baseline (``webapp.comparison``); ``/compare``. A new image or model
+clears the comparison (``fresh``); the button computes it for what is on screen."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from ..analysis import explained_class
 from ..catalog import BUNDLED_LABEL
 from ..comparison import compare as score_methods
 from ..errors import user_errors
-from ..settings import PREDICTED, parse_settings
+from ..settings import PREDICTED, head_name, layer_name, parse_settings
+from . import fresh
 from .classify import ClassifyTab
 from .context import Context
 from .picker import Picker
@@ -47,8 +49,39 @@ def compare(
         gallery.append((render.unique(img, name), f"{name}: {scores}"))
         table.append([name, round(deletion, 4), round(insertion, 4)])
     target_name = a.names[explained_class(a, s)]
-    head = "mean of heads" if s.head is None else f"head {s.head}"
-    return gallery, table, f"Maps and scores for class {target_name}; raw attention: layer {s.layer}, {head}."
+    where = f"{layer_name(s.layer, a.model.config.depth)}, {head_name(s.head)}"
+    return gallery, table, f"Maps and scores for class {target_name}; raw attention: {where}."
+
+
+GROUP = "compare"
+BLANK = ([], None, "")  # gallery, table, what is compared
+
+
+def show(
+    ctx: Context,
+    image: str | None,
+    model_choice: str,
+    target: str,
+    layer: int,
+    head: str,
+    head_fusion: str,
+    discard_ratio: float,
+    opacity: float,
+    ticket: float | None,
+    request: gr.Request,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's idiom)
+) -> tuple:
+    """``compare`` for what is on screen; an error in place of the text."""
+    settings = (target, layer, head, head_fusion, discard_ratio, opacity)
+    return fresh.answer(
+        request,
+        GROUP,
+        ticket,
+        fresh.subject_of(image, model_choice),
+        len(BLANK),
+        lambda: compare(ctx, image, model_choice, *settings, progress=progress),
+        lambda e: (*BLANK[:2], fresh.problem(e)),
+    )
 
 
 def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
@@ -75,12 +108,28 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
         height="auto",
         object_fit="contain",
         elem_id="compare-gallery",
-        elem_classes="phone-2-columns",
+        elem_classes=["tiles", "phone-2-columns"],
     )
     c = classify
-    button.click(
+    fresh.listen(
+        [button.click],
+        ctx.handler(show, "compare"),
+        [c.image, picker.active, c.target, c.layer, c.head, c.head_fusion, c.discard, c.opacity],
+        [gallery, table, text],
+        concurrency_id=COMPUTE,
+        api_name="compare_page",
+    )
+    fresh.on_change(
+        [c.image.change, picker.active.change],
+        [GROUP],
+        [c.image, picker.active],
+        lambda _: BLANK,
+        [gallery, table, text],
+    )
+    gr.on(
+        [],
         ctx.handler(compare, "compare"),
-        [c.image, picker.choice, c.target, c.layer, c.head, c.head_fusion, c.discard, c.opacity],
+        [c.image, picker.choice, c.target, c.api_layer, c.head, c.head_fusion, c.discard, c.opacity],
         [gallery, table, text],
         api_name="compare",
         concurrency_id=COMPUTE,

@@ -1,19 +1,73 @@
-"""Input components whose values the server checks itself.
+"""Input components changed where Gradio's own do not fit.
 
-Gradio checks a Dropdown's or Radio's value against its choices before a handler runs and, when it is not
-one, answers with the whole value in the message and prints a traceback: a 50 MB value sent to ``/classify``
-came back in the response and went into the log. These components pass the value on unchecked, bounded in
-length, so that ``webapp.access`` (models) and ``webapp.settings`` (everything else) answer with their own
-one-line messages, which quote at most ``errors.MAX_QUOTED`` characters of it.
+- Uploads reach our checks undecoded (``ImageUpload``), and the API page shows the project's example photos as
+  sample inputs instead of an image on the internet (``ImageUpload``, ``Uploads``).
+- Gradio checks a Dropdown's or Radio's value against its choices before a handler runs and, when it is not
+  one, answers with the whole value in the message and prints a traceback: a 50 MB value sent to ``/classify``
+  came back in the response and went into the log. ``CheckedDropdown`` and ``CheckedRadio`` pass the value on
+  unchecked, bounded in length, so that ``webapp.access`` (models) and ``webapp.settings`` (everything else)
+  answer with their own one-line messages, which quote at most ``errors.MAX_QUOTED`` characters of it.
 """
 
 from __future__ import annotations
 
-import gradio as gr
+from pathlib import Path
 
+import gradio as gr
+from gradio import image_utils
+from gradio.data_classes import FileData
+
+from ..catalog import ROOT
 from ..errors import log, quote
+from .context import EXAMPLES
 
 MAX_VALUE_CHARS = 1000  # longer than any model id, path or class name the app offers
+
+
+def api_example(path: str) -> str:
+    """An example photo as the API page shows it: its path in this repository (``examples/cat_chelsea.jpg``),
+    which a client run from a checkout can send as it is."""
+    return Path(path).relative_to(ROOT).as_posix()
+
+
+def _file(path: str) -> dict:
+    """``gradio_client.handle_file(path)`` as the API page shows it (``handle_file('examples/...')``: the page
+    writes that for a file with a ``url``), without checking that the path exists from the server's working
+    directory."""
+    rel = api_example(path)
+    return {"path": rel, "url": rel, "orig_name": Path(path).name, "meta": {"_type": "gradio.FileData"}}
+
+
+class ImageUpload(gr.Image):
+    """``gr.Image`` that hands the uploaded file to ``vit_core.data.load_image`` undecoded, so corrupt files,
+    bombs and odd modes get our checks and messages instead of failing inside Gradio."""
+
+    is_template = True
+
+    def preprocess(self, payload: FileData | None) -> str | None:
+        if payload is None:
+            return None
+        if payload.url and payload.url.startswith("data:"):  # pasted / webcam images arrive inline
+            return image_utils.decode_base64_to_file(payload.url, self.GRADIO_CACHE, "png")
+        return payload.path
+
+    def example_payload(self) -> dict:
+        return _file(EXAMPLES[0])
+
+    def example_value(self) -> str:
+        return api_example(EXAMPLES[0])
+
+
+class Uploads(gr.File):
+    """``gr.File`` for many files, with two of the example photos as the API page's sample input."""
+
+    is_template = True
+
+    def example_payload(self) -> list[dict]:
+        return [_file(p) for p in EXAMPLES[:2]]
+
+    def example_value(self) -> list[str]:
+        return [api_example(p) for p in EXAMPLES[:2]]
 
 
 def _bounded(component: gr.components.Component, payload: object) -> object:
@@ -25,7 +79,7 @@ def _bounded(component: gr.components.Component, payload: object) -> object:
 
 
 class CheckedDropdown(gr.Dropdown):
-    """A single-choice ``gr.Dropdown`` whose value the handler checks (see the module's docstring)."""
+    """A single-choice ``gr.Dropdown`` whose value the handler checks (the module's docstring)."""
 
     is_template = True
 
@@ -34,7 +88,7 @@ class CheckedDropdown(gr.Dropdown):
 
 
 class CheckedRadio(gr.Radio):
-    """A ``gr.Radio`` whose value the handler checks (see the module's docstring)."""
+    """A ``gr.Radio`` whose value the handler checks (the module's docstring)."""
 
     is_template = True
 

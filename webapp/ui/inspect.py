@@ -1,5 +1,6 @@
 """The Inspect tab: the paper's figure 7 for the loaded model (filters, position-embedding similarity, mean
-attention distance over the example photos) and a summary of what it is (``webapp.model_info``); ``/inspect``."""
+attention distance over the example photos) and a summary of what it is (``webapp.model_info``); ``/inspect``.
+Another model clears them (``fresh``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .. import model_info
 from ..admission import COMPUTE
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
+from . import fresh
 from .context import EXAMPLES, Context
 from .picker import Picker
 
@@ -27,20 +29,42 @@ def inspect(ctx: Context, model_choice: str = BUNDLED_LABEL) -> tuple[Image.Imag
     return *figs, model_info.summary(model, ctx.models.folder_of(model_choice))
 
 
+GROUP = "inspect"
+BLANK = (None, None, None, "")
+
+
+def show(ctx: Context, model_choice: str, ticket: float | None, request: gr.Request) -> tuple:
+    """``inspect`` for the model in use; an error in place of the summary."""
+    subject = fresh.subject_of(model_choice, model_choice)
+
+    def failed(message: str) -> tuple:
+        return *BLANK[:3], fresh.problem(message)
+
+    return fresh.answer(request, GROUP, ticket, subject, len(BLANK), lambda: inspect(ctx, model_choice), failed)
+
+
 def build(ctx: Context, picker: Picker) -> None:
     """The button, the three figures and the summary."""
     gr.Markdown("The paper's figure 7 for this model, and what it is.")
     button = gr.Button("Analyse model")
     with gr.Row():
         # labels name the API outputs; each figure has its own title
-        filters = gr.Image(label="Embedding filters", show_label=False, elem_id="fig-filters")
-        similarity = gr.Image(label="Position embedding similarity", show_label=False, elem_id="fig-similarity")
-        distance = gr.Image(label="Mean attention distance", show_label=False, elem_id="fig-distance")
+        filters = gr.Image(label="Embedding filters", show_label=False, elem_id="fig-filters", elem_classes="figure")
+        similarity = gr.Image(
+            label="Position embedding similarity", show_label=False, elem_id="fig-similarity", elem_classes="figure"
+        )
+        distance = gr.Image(
+            label="Mean attention distance", show_label=False, elem_id="fig-distance", elem_classes="figure"
+        )
     summary = gr.Markdown(label="Model summary", elem_id="summary")
-    button.click(
-        ctx.handler(inspect, "inspect"),
-        picker.choice,
-        [filters, similarity, distance, summary],
-        api_name="inspect",
+    outputs = [filters, similarity, distance, summary]
+    fresh.listen(
+        [button.click],
+        ctx.handler(show, "inspect"),
+        [picker.active],
+        outputs,
         concurrency_id=COMPUTE,
+        api_name="inspect_page",
     )
+    fresh.on_change([picker.active.change], [GROUP], [picker.active, picker.active], lambda _: BLANK, outputs)
+    gr.on([], ctx.handler(inspect, "inspect"), [picker.choice], outputs, api_name="inspect", concurrency_id=COMPUTE)

@@ -37,6 +37,14 @@ class Picker:
     model: VisionTransformer  # the startup model, which the tabs' controls start from
 
 
+def label(allow_any: bool) -> str:
+    """The picker's label: what this server lets a visitor choose. Typing a folder or Hub id is for local use
+    (``--allow-any-model``); a public server offers its list only, and refuses other names."""
+    if allow_any:
+        return "Model: choose one, or type a run folder or a Hub repo id (ours, timm or transformers)"
+    return "Model: choose one of the models this server offers (it loads no other)"
+
+
 def build(ctx: Context) -> Picker:
     """The picker's row, starting on the startup model."""
     default = ctx.models.default
@@ -48,7 +56,7 @@ def build(ctx: Context) -> Picker:
             allow_custom_value=ctx.models.allow_custom_value,
             scale=3,
             min_width=320,
-            label="Model: the bundled one, a run folder, or a Hub repo id (ours, timm or transformers)",
+            label=label(ctx.models.allow_custom_value),
         )
         status = gr.Markdown(elem_id="status", min_width=300)  # min widths: a row of its own on phones
     active = gr.State(default)

@@ -1,0 +1,198 @@
+"""Results that belong to what is on screen: each browser page numbers its requests in the order it sends them,
+and a tab shows only answers that are still true of the page.
+
+Gradio runs a tab's events independently: a Classify run takes a second or more (RISE) while a settings change
+or a new upload starts another run, and the answers can arrive in any order, so the screen could end on an
+older request's map beside newer settings, or on the previous photo's answer beside the new photo. Here every
+event of the page carries a **ticket**, a count the page increments as it sends a request (``TICKET_JS``, run
+by the browser just before each request), and every output belongs to a **group** (a tab's results).
+``Tickets`` remembers, per page and group, the newest request that asked for an answer, and the newest change
+of **subject** (the image, files or model the results are about). An answer is dropped (``gr.skip``: the
+outputs are left alone), when its request starts and again when it ends, if
+
+- a newer request asked for an answer: the newest settings win, whatever order the server runs them in; or
+- the subject changed after it was sent, to something else: it is about the previous image or model.
+
+A change of subject clears the tab's results at once (``on_change``: outside the queue, a few milliseconds),
+then recomputes them where that is cheap (Classify, the Explore picture) in an event chained after the clear
+(``then``). A request sent for the new subject just before the page saw the change (a click right after an
+upload) still counts. Errors replace the results they concern, in place (``answer``), instead of a toast over
+the old ones.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import gradio as gr
+
+# The page's request counter, written into the last input (the ticket's hidden number) of every ticketed event.
+TICKET_JS = """(...args) => {
+  window.vitTickets = (window.vitTickets || 0) + 1;
+  args[args.length - 1] = window.vitTickets;
+  return args;
+}"""
+MAX_PAGES = 4096  # (page, group) pairs remembered; the least recently used are forgotten first
+NEVER = float("-inf")
+
+
+@dataclass
+class _Newest:
+    answer: float = NEVER  # the newest ticket that asked for an answer
+    change: float = NEVER  # the newest change of subject
+    subject: Hashable = None  # what that change chose
+
+
+class Tickets:
+    """Per browser page (Gradio's session hash) and group of outputs, the newest request for an answer and the
+    newest change of subject; thread-safe. Requests without a ticket (not from the page: the API) always run."""
+
+    def __init__(self, max_entries: int = MAX_PAGES) -> None:
+        self.max_entries = max_entries
+        self._newest: OrderedDict[tuple[str, str], _Newest] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _entry(self, page: str, group: str) -> _Newest:
+        key = (page, group)
+        entry = self._newest.setdefault(key, _Newest())
+        self._newest.move_to_end(key)
+        while len(self._newest) > self.max_entries:
+            self._newest.popitem(last=False)
+        return entry
+
+    @staticmethod
+    def _stale(n: _Newest, ticket: float, subject: Hashable) -> bool:
+        return ticket < n.answer or (ticket < n.change and subject != n.subject)
+
+    def start(self, page: str | None, group: str, ticket: float | None, subject: Hashable = None) -> bool:
+        """Record that request ``ticket`` of ``page``, about ``subject``, starts on ``group``; False when its
+        answer is already stale (a newer request started, or the subject changed to another since it was sent)."""
+        if page is None or ticket is None:
+            return True
+        with self._lock:
+            n = self._entry(page, group)
+            if self._stale(n, ticket, subject):
+                return False
+            n.answer = ticket
+            return True
+
+    def current(self, page: str | None, group: str, ticket: float | None, subject: Hashable = None) -> bool:
+        """Whether the answer to ``ticket`` may still be shown (``start``'s test, when it is ready)."""
+        if page is None or ticket is None:
+            return True
+        with self._lock:
+            n = self._newest.get((page, group))
+            return n is None or not self._stale(n, ticket, subject)
+
+    def change(self, page: str | None, group: str, ticket: float | None, subject: Hashable) -> None:
+        """Record that ``page`` chose ``subject`` (an image, files, a model) for ``group`` with ``ticket``."""
+        if page is None or ticket is None:
+            return
+        with self._lock:
+            n = self._entry(page, group)
+            if ticket > n.change:
+                n.change, n.subject = ticket, subject
+
+
+TICKETS = Tickets()
+
+
+def subject_of(*values: object) -> Hashable:
+    """What results are about, comparable between requests: the image or files (paths) and the model."""
+    return tuple(tuple(v) if isinstance(v, list) else v for v in values)
+
+
+def ticket_input() -> gr.Number:
+    """The hidden input that carries an event's ticket (``TICKET_JS`` fills it in as the request is sent)."""
+    return gr.Number(visible=False, precision=0)
+
+
+def answer(
+    request: gr.Request | None,
+    group: str,
+    ticket: float | None,
+    subject: Hashable,
+    n: int,
+    compute: Callable[[], Sequence],
+    failed: Callable[[str], Sequence],
+) -> tuple:
+    """``compute()``'s ``n`` outputs for a ticketed request about ``subject``, or ``failed(message)`` in their
+    place when it raises a ``gr.Error`` (a bad upload, a refused setting: ``errors.user_errors`` turns those
+    into ``gr.Error``); ``n`` skips when the answer is stale (``Tickets``), before or after it is computed."""
+    page = getattr(request, "session_hash", None)
+    if not TICKETS.start(page, group, ticket, subject):
+        return (gr.skip(),) * n
+    try:
+        out = tuple(compute())
+    except gr.Error as e:
+        out = tuple(failed(str(e.message)))
+    return out if TICKETS.current(page, group, ticket, subject) else (gr.skip(),) * n
+
+
+def problem(message: str) -> str:
+    """An error as it replaces a result: one line, marked."""
+    return f"⚠️ {message}"
+
+
+def listen(triggers: Sequence, fn: Callable, inputs: Sequence, outputs: Sequence, **kwargs) -> gr.events.Dependency:
+    """``fn`` on ``triggers``, its last input the request's ticket; page-only (each tab's API endpoint is its
+    own event, which raises its errors instead of showing them). Every trigger runs (``multiple``): which
+    answer is shown is decided by the tickets, not by dropping requests in the browser."""
+    return gr.on(
+        list(triggers),
+        fn,
+        [*inputs, ticket_input()],
+        list(outputs),
+        js=TICKET_JS,
+        trigger_mode="multiple",
+        api_visibility="private",
+        **kwargs,
+    )
+
+
+def on_change(
+    triggers: Sequence,
+    groups: Sequence[str],
+    subject: Sequence[gr.components.Component],
+    blank: Callable[..., Sequence],
+    outputs: Sequence,
+) -> gr.events.Dependency:
+    """Clear ``outputs`` the moment the subject (``subject``'s components: the image or files, and the model)
+    changes, outside the queue (``blank(*values)``: what they show meanwhile), and drop the answers about the
+    previous subject still running in ``groups``; chain the recomputation after the returned event (``then``)."""
+
+    def cleared(what: object, model: str, ticket: float | None, request: gr.Request) -> tuple:
+        page = getattr(request, "session_hash", None)
+        for group in groups:
+            TICKETS.change(page, group, ticket, subject_of(what, model))
+        return tuple(blank(what))
+
+    what, model = subject
+    return gr.on(
+        list(triggers),
+        cleared,
+        [what, model, ticket_input()],
+        list(outputs),
+        js=TICKET_JS,
+        queue=False,
+        trigger_mode="multiple",
+        api_visibility="private",
+        show_progress="hidden",
+    )
+
+
+def then(event: gr.events.Dependency, fn: Callable, inputs: Sequence, outputs: Sequence, **kwargs):
+    """``fn`` after ``event`` (a clear), with a newer ticket than the clear's; every time (Gradio's default
+    for a chained event, "once", would skip it while the previous input's answer is still computing)."""
+    return event.then(
+        fn,
+        [*inputs, ticket_input()],
+        list(outputs),
+        js=TICKET_JS,
+        trigger_mode="multiple",
+        api_visibility="private",
+        **kwargs,
+    )
