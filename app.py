@@ -134,8 +134,8 @@ def main() -> None:
     g.add_argument(
         "--per-client",
         type=int,
-        default=4,
-        help="requests one session may have waiting or computing (one address: 4 times as many; default 4)",
+        default=16,  # a page sends up to ~10 at once: a new image clears Explore's point (two redraws, stale at once)
+        help="requests one session may have waiting or computing (one address: twice as many; default 16)",
     )
     p.add_argument(
         "--threads",
@@ -152,7 +152,7 @@ def main() -> None:
     ctx.gate = Gate(None if args.max_memory is None else args.max_memory * MB, args.max_wait)
     demo = build_ui(ctx)
     demo.queue(default_concurrency_limit=args.concurrency, max_size=QUEUE_SIZE)
-    ClientLimits(args.per_client, 4 * args.per_client).install(demo)
+    ClientLimits(args.per_client, 2 * args.per_client).install(demo)
     print(f"memory budget {ctx.gate.max_memory / MB:,.0f} MB, uploads at most {args.max_file_mb} MB", flush=True)
     upload_limit = max(args.max_file_mb * MB, MAX_TOTAL_BYTES)  # one upload, all its files
     host = serving_host(args)

@@ -87,7 +87,7 @@ def test_classify_draws_each_methods_own_map(ctx, photo):
     a = ctx.analysis(photo, choice)
     for m in methods.METHODS:
         target = "cat" if m.per_class else "(predicted class)"
-        labels, overlay, _, _, explains = classify.classify(ctx, photo, choice, m.title, target)
+        labels, overlay, _, _, explains, _ = classify.classify(ctx, photo, choice, m.title, target)
         assert set(labels) <= set(NAMES) and overlay.width == 300  # the 60x40 photo, shown 5 times larger
         assert explains.startswith("Map explains: cat (") if m.per_class else "the prediction" in explains
         s = parse_settings(a.model, m.title, target)

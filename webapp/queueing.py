@@ -48,7 +48,7 @@ class ClientLimits:
     there) and reads its lists of waiting and running events. ``push`` runs on the server's event loop,
     so the count, the check and the insertion are not interleaved with other clients' joins."""
 
-    def __init__(self, per_session: int = 4, per_ip: int = 16) -> None:
+    def __init__(self, per_session: int = 16, per_ip: int = 32) -> None:
         self.per_session, self.per_ip = per_session, per_ip
         self._joining: Counter[str] = Counter()  # joins past the check, not yet in the queue
 

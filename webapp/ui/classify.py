@@ -65,10 +65,12 @@ def classify(
     opacity: float = 0.5,
     top_k: int = 5,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's idiom)
-) -> tuple[dict[str, float], Image.Image, float, str, str]:
+) -> tuple[dict[str, float], Image.Image, float, str, str, dict]:
     """Top-k classes; the image with a relevance map over the region the model saw (with a colour bar);
     the compute time in ms (decode, model and map; a cached forward pass is reused when only the settings
-    change); the prediction in words ("Not sure — maybe ..." below 50%); and the class the map explains.
+    change); the prediction in words ("Not sure — maybe ..." below 50%; "This doesn't look like any of the N
+    classes I know" when the model's detector says so); the class the map explains; and that "none of my
+    classes" check in numbers (``ood_check``).
     ``method`` None: the model's default (``default_method``: RISE where it fits the server's budget).
     ``layer`` and ``head`` (raw attention) are numbered from 0; a negative layer counts from the end (-1: the
     last)."""
@@ -83,7 +85,20 @@ def classify(
     labels = {a.names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
     overlay = render.map_on_image(a.shown, a.box, heat, s.opacity, method.lower())
     verdict = model_info.verdict(a.probs, a.names, a.is_ood)
-    return labels, render.unique(overlay, method), round(compute_ms, 2), verdict, explains(a, s)
+    return labels, render.unique(overlay, method), round(compute_ms, 2), verdict, explains(a, s), ood_check(a)
+
+
+def ood_check(a: Analysis) -> dict:
+    """The "none of my classes" check of an analysis, as the batch CSV gives it: the decision, the score and the
+    stored threshold it was compared with (all None for a model without a detector: its calibration is
+    unknown, and only the "Not sure" rule applies)."""
+    detector = a.model.calibration.ood if a.model.calibration is not None else None
+    return {
+        "none_of_my_classes": a.is_ood,
+        "ood_score": a.ood_score,
+        "threshold": None if detector is None else detector.threshold,
+        "score": None if detector is None else detector.score,
+    }
 
 
 BLANK = (None, None, "", "", "")  # labels, overlay, compute time, verdict (shown large), class explained
@@ -112,7 +127,7 @@ def show(
         if image is None:
             return BLANK
         settings = (method, target, layer, head, head_fusion, discard_ratio, opacity, top_k)
-        labels, overlay, ms, verdict, explained = classify(ctx, image, model_choice, *settings, progress=progress)
+        labels, overlay, ms, verdict, explained, _ = classify(ctx, image, model_choice, *settings, progress=progress)
         took = f"{ms:,.0f}" if ms >= 10 else f"{ms:.1f}"  # "0.4 ms" when the forward pass and map were cached
         return labels, overlay, f"Computed in {took} ms (decode, model and map).", headline(verdict), explained
 
@@ -243,6 +258,7 @@ def build(ctx: Context, picker: Picker) -> ClassifyTab:
     # the API's own inputs and outputs where the page shows them differently
     api_layer = gr.Number(-1, precision=0, visible=False, label="Layer (raw attention): 0 = first, -1 = last")
     compute_ms = gr.Number(label="Compute time (ms): decode, model, map", precision=2, visible=False)
+    ood = gr.JSON(label="None of my classes: decision, score, threshold", visible=False)
 
     settings = [method, target, layer, head, head_fusion, discard, opacity, top_k]
     results = [labels, overlay, compute_time, verdict, explained]
@@ -282,7 +298,7 @@ def build(ctx: Context, picker: Picker) -> ClassifyTab:
         [],
         ctx.handler(classify, "classify"),
         [image, picker.choice, *api_settings],
-        [labels, overlay, compute_ms, verdict, explained],
+        [labels, overlay, compute_ms, verdict, explained, ood],
         api_name="classify",
         concurrency_id=COMPUTE,
     )
