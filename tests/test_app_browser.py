@@ -45,7 +45,8 @@ ARGS = [
 ]
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
-WAIT = int(os.environ.get("VIT_BROWSER_WAIT_MS", 600_000))  # ms: on a shared, loaded 2-core machine one step can take minutes
+# ms: on a shared, loaded 2-core machine one step can take minutes
+WAIT = int(os.environ.get("VIT_BROWSER_WAIT_MS", 600_000))
 SHOTS = Path(os.environ.get("VIT_SCREENSHOTS") or Path(tempfile.gettempdir()) / "vit_core_screenshots")
 EXAMPLE_PHOTOS = sorted((ROOT / "examples").glob("*.jpg"))
 FIGURES = ("#fig-filters", "#fig-similarity", "#fig-distance")
