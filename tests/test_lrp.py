@@ -569,8 +569,8 @@ def test_gamma_rule_on_a_convolution_matches_its_formula(signed, bias):
 def test_attnlrp_beats_the_centre_gaussian_on_the_bundled_model():
     """On CIFAR-10 test images (every 250th, 40 images; 300 in bench/results/explain_cifar10_hybrid_pool.md) AttnLRP
     deletes the class evidence sooner and reveals it sooner than the centre Gaussian, and does so under ROAD's
-    imputation too (measured: deletion 0.215 against 0.264, insertion 0.568 against 0.536, MoRF 0.300 against
-    0.421, LeRF 0.764 against 0.645)."""
+    imputation too (measured on the bundle: deletion 0.205 against 0.256, insertion 0.567 against 0.526, MoRF 0.277
+    against 0.372, LeRF 0.772 against 0.680)."""
     from vit_core import road
 
     model = vit_core.from_pretrained(BUNDLE).eval()
