@@ -134,7 +134,7 @@ def main() -> None:
     g.add_argument(
         "--per-client",
         type=int,
-        default=16,  # a page sends up to ~10 at once: a new image clears Explore's point (two redraws, stale at once)
+        default=16,  # a page sends several at once (a new image: Classify and Explore), more while the user clicks
         help="requests one session may have waiting or computing (one address: twice as many; default 16)",
     )
     p.add_argument(

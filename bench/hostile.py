@@ -10,8 +10,8 @@ it says so and runs uncapped), then sends, over plain HTTP (every listener, the 
 1. a 9.3 MB zip of 64 one-colour 7063x7063 PNGs (49.9 MP each) to /batch;
 2. a mixed burst of 49.9 MP requests to every compute listener at once, the API's and the page's (/classify, the
    page's classify on a setting and on a new image, the explorer's picture, a click, /explore, the page's
-   redraw, /compare and the page's, three 16-image batches (/batch, the button, new files), /inspect and the
-   page's);
+   redraws after a click and after a setting, /compare and the page's, three 16-image batches (/batch, the
+   button, new files), /inspect and the page's);
 3. four rounds of five 49.9 MP classifies at once (two with ``--quick``);
 4. 100 classifies at once from one client, and one from another client a second later (timed against the
    same request with the server idle: the reference);
@@ -335,6 +335,7 @@ def case_mixed(raw: Raw, inputs: Inputs, row: Row) -> None:
         lambda: raw.call("classify_page", [img[1], *_settings(m, layer=1), None]),
         lambda: raw.call("explore_picture", [img[2], m, None]),
         lambda: raw.call("explore_point", [img[3], m, None], event_data=click),
+        lambda: raw.call("explore_clicked", [img[9], *_explore_inputs(m, layer=1), None]),
         lambda: raw.call("explore", [img[4], *_explore_inputs(m)]),
         lambda: raw.call("explore_page", [img[5], *_explore_inputs(m, layer=1), None]),
         lambda: raw.call("compare", [img[6], m, "(predicted class)", -1, "mean", "mean", 0.0, 0.5]),

@@ -156,7 +156,8 @@ def test_every_compute_listener_is_gated_and_in_one_concurrency_group():
     demo = app.build_ui(ctx)
     compute = [fn.api_name for fn in demo.fns.values() if fn.concurrency_id == admission.COMPUTE]
     api = {"classify", "explore", "compare", "batch", "inspect"}  # each tab's endpoint, and the page's events:
-    page = {"classify_page", "classify_new", "explore_picture", "explore_point", "explore_page", "compare_page"}
+    page = {"classify_page", "classify_new", "explore_picture", "explore_point", "explore_clicked", "explore_page"}
+    page |= {"compare_page"}
     assert sorted(compute) == sorted(api | page | {"batch_page", "batch_new", "inspect_page"})
     # every other queued event is the picker's (gated, outside the group); the rest clear outputs, unqueued
     others = [fn for fn in demo.fns.values() if fn.concurrency_id != admission.COMPUTE and fn.queue is not False]

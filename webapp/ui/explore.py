@@ -206,7 +206,7 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> ExploreTab:
         concurrency_id=COMPUTE,
         api_name="explore_picture",
     )
-    fresh.listen(
+    clicked = fresh.listen(
         [view_image.select],
         ctx.handler(point, "view"),
         [image, active],
@@ -216,19 +216,31 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> ExploreTab:
         api_name="explore_point",
     )
     settings = [layer, head, classify.head_fusion, classify.discard, classify.opacity]
+    inputs, outputs = [image, active, point_x, point_y, *settings], [view_image, *maps]
+    # redrawn after a click, a typed point or a setting; not on the point's `change`, which clearing it fires too
+    redrawn = ctx.handler(redraw, "explore")
+    fresh.then(
+        clicked,
+        redrawn,
+        inputs,
+        outputs,
+        show_progress="hidden",
+        concurrency_id=COMPUTE,
+        api_name="explore_clicked",
+    )
     fresh.listen(
         [
-            point_x.change,
-            point_y.change,
+            point_x.submit,
+            point_y.submit,
             layer.release,
             head.input,
             classify.head_fusion.input,
             classify.discard.release,
             classify.opacity.release,
         ],
-        ctx.handler(redraw, "explore"),
-        [image, active, point_x, point_y, *settings],
-        [view_image, *maps],
+        redrawn,
+        inputs,
+        outputs,
         show_progress="hidden",
         concurrency_id=COMPUTE,
         api_name="explore_page",
