@@ -155,12 +155,13 @@ def test_mismatched_weights_name_every_key(tmp_path):
     assert "head.weight: checkpoint (7, 192) vs model (5, 192)" in msg
 
 
-@pytest.mark.parametrize("pools", [None, (2, 1)])
-def test_conv_stem_hybrid_round_trips_in_half_precision(tmp_path, pools):
-    # the bundled model's layout: a conv stem (BatchNorm statistics included; max pools or not), 1x1 patches,
-    # avg pooling, squashed eval crops
+@pytest.mark.parametrize("pools, airbench", [(None, False), ((2, 1), False), ((2, 1), True)])
+def test_conv_stem_hybrid_round_trips_in_half_precision(tmp_path, pools, airbench):
+    # the bundled model's layout: a conv stem (BatchNorm statistics included; max pools or not; airbench's
+    # whitening and GELU or not), 1x1 patches, avg pooling, squashed eval crops
     torch.manual_seed(0)
     cfg = vit_core.ViTConfig(
+        **(dict(stem_whiten=2, stem_act="gelu") if airbench else {}),
         img_size=32,
         patch_size=1,
         stem_channels=(8, 16),
@@ -179,8 +180,9 @@ def test_conv_stem_hybrid_round_trips_in_half_precision(tmp_path, pools):
     vit_core.save_pretrained(model.eval(), tmp_path, dtype=torch.float16)
     loaded = vit_core.from_pretrained(tmp_path)
     assert loaded.config == cfg
-    for p in loaded.parameters():  # ordinary float32 CPU parameters, trainable, writable
-        assert p.dtype == torch.float32 and p.device.type == "cpu" and p.requires_grad
+    for name, p in loaded.named_parameters():  # ordinary float32 CPU parameters, writable, trainable but whitening
+        assert p.dtype == torch.float32 and p.device.type == "cpu"
+        assert p.requires_grad == (name != "patch_embed.backbone.whiten.weight"), name
         p.data.mul_(1.0)
     stem = loaded.patch_embed.backbone.layers[0].norm
     assert stem.num_batches_tracked.item() == 1

@@ -120,6 +120,9 @@ def test_get_config_overrides_and_unknown_names():
         (dict(stem_channels=(8,), stem_strides=(1,), stem_pools=(0,)), "strides and pools >= 1"),
         (dict(stem_channels=(8,), stem_strides=(1,), stem_pools=(4,), img_size=40, patch_size=4), "10x10 feature"),
         (dict(crop_mode="border"), "crop_mode must be 'center' or 'squash'"),
+        (dict(stem_channels=(8,), stem_strides=(1,), stem_act="swish"), "stem_act must be one of relu, gelu"),
+        (dict(stem_whiten=2), "stem_whiten and stem_act belong to a conv stem"),
+        (dict(stem_channels=(8,), stem_strides=(1,), stem_whiten=0), "stem_whiten is the whitening convolution"),
         (dict(stem_channels=(8,), stem_strides=(2,), img_size=30, patch_size=2), "15x15 feature map is not a multiple"),
     ],
 )

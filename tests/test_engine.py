@@ -30,6 +30,10 @@ from vit_core.run_folder import stale_files
 
 TINY = dict(img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0, crop_pct=1.0)
 TIMING = {"images_per_s", "epoch_time_s", "elapsed_s"}
+needs_cifar10 = pytest.mark.skipif(
+    not (default_data_root() / "cifar10").is_dir(),
+    reason=f"CIFAR-10 not found under {default_data_root()} (set VIT_DATA)",
+)
 needs_mnist = pytest.mark.skipif(
     not (default_data_root() / "mnist").is_dir(), reason=f"MNIST not found under {default_data_root()} (set VIT_DATA)"
 )
@@ -143,6 +147,140 @@ def test_schedule_is_linear_warmup_then_per_step_cosine():
 
 
 @needs_mnist
+def test_linear_schedule_is_airbench_triangle():
+    """sched='linear': the same warmup, then a straight line from the peak to min_lr at the last step, in every
+    group at its own peak (the stem optimizer's groups included)."""
+    model = vit_core.create_model(vit_core.ViTConfig(**dict(TINY, patch_size=1, img_size=8), **_STEM, num_classes=3))
+    so = {"lr": 2.0, "norm_lr_scale": 10.0}
+    recipe = Recipe(lr=0.1, warmup_lr=0.0, min_lr=0.0, warmup_epochs=1, epochs=5, sched="linear", stem_optimizer=so)
+    opt = build_optimizer(model, recipe)
+    sched = build_scheduler(opt, recipe, steps_per_epoch=4)
+    peaks = [0.1, 0.1, 2.0, 20.0]  # main (decay, no decay), stem (weights, biases)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.0] * 4)
+    for t in range(1, 21):
+        sched.step_update(num_updates=t)
+        frac = t / 4 if t < 4 else 1 - (t - 4) / 16
+        assert [g["lr"] for g in opt.param_groups] == pytest.approx([p * frac for p in peaks], abs=1e-12), t
+
+
+_STEM = dict(stem_channels=(4, 8), stem_strides=(1, 1), stem_pools=(2, 1), stem_whiten=1, stem_act="gelu")
+
+
+def test_stem_optimizer_trains_the_cnn_as_airbench():
+    """stem_optimizer: the CNN's conv weights in SGD-Nesterov at its lr and decay, its biases at lr * scale with
+    decay / scale, BatchNorm's scales frozen at 1 and the whitening filters trained by nothing; everything else
+    in the main optimizer with timm's decay rules; every trainable parameter in exactly one group."""
+    model = vit_core.create_model(vit_core.ViTConfig(**dict(TINY, patch_size=1), **_STEM, num_classes=3))
+    so = {"lr": 1.5, "weight_decay": 0.002, "momentum": 0.85, "norm_lr_scale": 64}
+    opt = build_optimizer(model, Recipe(lr=1e-3, weight_decay=0.05, stem_optimizer=so))
+    main, cnn = opt.optimizers
+    assert type(main).__name__ == "AdamW" and isinstance(cnn, torch.optim.SGD)
+    assert all(g["nesterov"] and g["momentum"] == 0.85 for g in cnn.param_groups)
+    where = {id(p): (g["lr"], g["weight_decay"]) for g in opt.param_groups for p in g["params"]}
+    assert len(where) == sum(len(g["params"]) for g in opt.param_groups)  # no parameter twice
+    for name, p in model.named_parameters():
+        if name == "patch_embed.backbone.whiten.weight" or (name.endswith("norm.weight") and "backbone" in name):
+            assert not p.requires_grad and id(p) not in where, name
+        elif "backbone" in name:
+            assert where[id(p)] == ((1.5, 0.002) if p.ndim > 1 else (96.0, pytest.approx(0.002 / 64))), name
+        else:
+            spared = p.ndim <= 1 or name in ("pos_embed", "cls_token")
+            assert where[id(p)] == (1e-3, 0.0 if spared else 0.05), name
+    with pytest.raises(RecipeError, match="this model has none"):
+        build_optimizer(vit_core.create_model(vit_core.ViTConfig(**TINY)), Recipe(stem_optimizer={"lr": 1.0}))
+    with pytest.raises(RecipeError, match="stem_optimizer needs an lr"):
+        Recipe.from_dict({"stem_optimizer": {"momentum": 0.9}})
+    with pytest.raises(RecipeError, match=r"unknown key\(s\) nesterov"):
+        Recipe.from_dict({"stem_optimizer": {"lr": 1.0, "nesterov": True}})
+
+
+def test_lookahead_follows_airbench_formula():
+    """Every 5 steps slow += (1 - d)(fast - slow) with d = 0.95^5 (step / total)^3 and fast = slow; after the
+    last step the model is the slow copy: against the formula applied by hand to a scalar sequence."""
+    from vit_core.builders import Lookahead
+
+    net = torch.nn.Linear(1, 1, bias=False)
+    total = 12
+    look = Lookahead(net, total)
+    slow = net.weight.item()
+    for step in range(1, total + 1):
+        with torch.no_grad():
+            net.weight.add_(1.0)  # a "training step"
+        fast = net.weight.item()
+        look.update(net, step)
+        if step % 5 == 0 or step == total:
+            d = 1.0 if step == total else 0.95**5 * (step / total) ** 3
+            slow = slow + (1 - d) * (fast - slow)
+            assert net.weight.item() == pytest.approx(slow), step
+        else:
+            assert net.weight.item() == fast, step
+
+
+@needs_cifar10
+def test_whitening_decorrelates_the_training_patches(tmp_path):
+    """stem_whiten: the run's filters, applied to its training images, give 2x2-patch coordinates whose
+    covariance is the identity (up to airbench's eps), computed here with numpy from the raw uint8 data."""
+    recipe = dict(
+        data="cifar10",
+        train_subset=5000,
+        eval_subset=10,
+        epochs=1,
+        batch_size=5000,
+        lr=0.0,
+        model_args=dict(
+            img_size=32,
+            patch_size=1,
+            embed_dim=8,
+            depth=1,
+            num_heads=1,
+            stem_channels=(8,),
+            stem_strides=(1,),
+            stem_pools=(8,),
+            stem_whiten=2,
+            stem_act="gelu",
+            mean=(0.49, 0.48, 0.45),
+            std=(0.25, 0.24, 0.26),
+            crop_pct=1.0,
+        ),
+        device="cpu",
+    )
+    train(recipe | {"stem_optimizer": {"lr": 0.0}}, tmp_path / "run", progress=False)
+    w = _weights(tmp_path / "run")["patch_embed.backbone.whiten.weight"].double().numpy()
+    assert np.allclose(w[:12], -w[12:])
+    from vit_core.data import build_dataset
+
+    raw = build_dataset("cifar10", "train")
+    idx = torch.randperm(len(raw), generator=torch.Generator().manual_seed(0))[:5000]
+    x = (raw.images[idx].double().numpy() / 255 - np.array([0.49, 0.48, 0.45])[:, None, None]) / np.array(
+        [0.25, 0.24, 0.26]
+    )[:, None, None]
+    patches = np.stack([x[:, c, i : i + 31, j : j + 31] for c in range(3) for i in (0, 1) for j in (0, 1)], -1)
+    coords = patches.reshape(-1, 12) @ w[:12].reshape(12, 12).T
+    cov = coords.T @ coords / len(coords)
+    eigenvalues = np.linalg.eigvalsh(patches.reshape(-1, 12).T @ patches.reshape(-1, 12) / len(coords))[::-1]
+    np.testing.assert_allclose(cov, np.diag(eigenvalues / (eigenvalues + 5e-4)), atol=2e-2)
+
+
+def test_resume_airbench_style_run(tmp_path):
+    """A run with the CNN's own optimizer, lookahead and the linear schedule, stopped and resumed: the same
+    weights as one that never stopped (both optimizers' and the lookahead's state are in the checkpoint)."""
+    data = make_image_folder(tmp_path / "data", size=8)
+    stem = dict(TINY, patch_size=1, **dict(_STEM, stem_whiten=None))
+    recipe = tiny_recipe(
+        data,
+        model_args=stem,
+        epochs=3,
+        lookahead=True,
+        sched="linear",
+        warmup_epochs=1,
+        stem_optimizer={"lr": 0.5, "weight_decay": 1e-3, "momentum": 0.85, "norm_lr_scale": 8},
+    )
+    train(recipe, tmp_path / "full", progress=False)
+    train(recipe, tmp_path / "cut", stop_after=1, progress=False)
+    train(recipe, tmp_path / "cut", resume=True, progress=False)
+    _same_run(tmp_path / "full", tmp_path / "cut")
+
+
 def test_short_mnist_run_learns(tmp_path):
     """Two epochs on 10,000 MNIST training images (a 20k-parameter ViT): > 85% on 2,000 test images."""
     model_args = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)

@@ -18,11 +18,20 @@ from torch.utils.data import Dataset
 
 from . import hub
 from .checkpoint import CheckpointError
-from .data import ImageTransform, build_dataset, build_mixup, build_transform, class_subset, fixed_subset
+from .data import (
+    ImageTransform,
+    InMemoryImageDataset,
+    build_dataset,
+    build_mixup,
+    build_transform,
+    class_subset,
+    fixed_subset,
+)
 from .distributed import seed_all
+from .hybrid import ConvStem, whitening_weights
 from .model import VisionTransformer
 from .mpp import MaskedPatchPrediction
-from .recipe import Recipe, RecipeError
+from .recipe import STEM_OPTIMIZER_DEFAULTS, Recipe, RecipeError
 
 
 def load_data(spec: str, split: str, transform: ImageTransform, subset: int | list[int] | None = None) -> Dataset:
@@ -67,10 +76,13 @@ def load_init(spec: str, **overrides: Any) -> VisionTransformer:
         raise RecipeError(f"init {spec}: cannot apply model_args {overrides}: {e}") from None
 
 
-def build_network(recipe: Recipe, init: VisionTransformer | None, classes: list[str] | None) -> nn.Module:
+def build_network(
+    recipe: Recipe, init: VisionTransformer | None, classes: list[str] | None, train_set: Dataset | None = None
+) -> nn.Module:
     """What the optimizer trains: ``init`` with a new zero-initialised head for ``classes`` (the paper's
-    fine-tuning), or a model from scratch initialised as ``weight_init`` says; wrapped for masked patch
-    prediction when ``task='mpp'``. Seeded with the recipe's seed, so every process builds the same weights."""
+    fine-tuning), or a model from scratch initialised as ``weight_init`` says, its whitening filters (a conv
+    stem's ``stem_whiten``) computed from ``train_set``; wrapped for masked patch prediction when
+    ``task='mpp'``. Seeded with the recipe's seed, so every process builds the same weights."""
     seed_all(recipe.seed)
     if init is not None:
         init.reset_classifier(len(classes or ()), classes)
@@ -78,39 +90,125 @@ def build_network(recipe: Recipe, init: VisionTransformer | None, classes: list[
     else:
         model = VisionTransformer(recipe.scratch_config(classes))
         model.init_weights(recipe.weight_init)
+        stem = model.patch_embed.backbone
+        if isinstance(stem, ConvStem) and stem.whiten is not None:
+            with torch.no_grad():
+                stem.whiten.weight.copy_(
+                    whitening_weights(whitening_images(train_set, model), stem.whiten.kernel_size[0])
+                )
     if recipe.grad_checkpointing:
         model.set_grad_checkpointing(True)
     return MaskedPatchPrediction(model) if recipe.task == "mpp" else model
 
 
-def build_optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
-    """timm's optimizer factory: no weight decay on biases, norms and ``model.no_weight_decay()``; with
-    ``layer_decay`` each depth gets lr * layer_decay^(depth from the top), via ``model.group_matcher``."""
-    from timm.optim import create_optimizer_v2
+def whitening_images(train_set: Dataset | None, model: VisionTransformer, n: int = 5000) -> torch.Tensor:
+    """The first ``n`` training images as the model sees them at test time (no augmentation): what
+    airbench computes its whitening filters from."""
+    if not isinstance(train_set, InMemoryImageDataset):
+        raise RecipeError("stem_whiten computes its filters from the training images: it needs an in-memory dataset")
+    return build_transform(model.config.pretrained_cfg())(train_set.images[:n])
 
-    kwargs = {"momentum": recipe.momentum} if recipe.opt.lower().endswith("sgd") or recipe.opt == "momentum" else {}
+
+def _sgd_kwargs(opt: str, momentum: float) -> dict[str, Any]:
+    return {"momentum": momentum} if opt.lower().endswith("sgd") or opt == "momentum" else {}
+
+
+def build_optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer | Optimizers:
+    """timm's optimizer factory: no weight decay on biases, norms and ``model.no_weight_decay()``; with
+    ``layer_decay`` each depth gets lr * layer_decay^(depth from the top), via ``model.group_matcher``.
+
+    With ``stem_optimizer`` the hybrid's CNN has an optimizer of its own (``Optimizers`` steps both), as CNN
+    recipes train it (airbench: SGD with Nesterov momentum): its convolution weights at ``lr`` with
+    ``weight_decay``, its biases (BatchNorm's shifts, the whitening bias) at ``lr * norm_lr_scale`` with the
+    decay divided by it (the same decay per step); BatchNorm's scales stay at 1, as airbench fixes them (the
+    next convolution can scale)."""
+    from timm.optim import create_optimizer_v2
+    from timm.optim._param_groups import param_groups_weight_decay
+
     try:
-        return create_optimizer_v2(
-            model,
-            opt=recipe.opt,
-            lr=recipe.lr,
-            weight_decay=recipe.weight_decay,
-            layer_decay=recipe.layer_decay,
-            filter_bias_and_bn=True,
-            **kwargs,
-        )
+        if recipe.stem_optimizer is None:
+            return create_optimizer_v2(
+                model,
+                opt=recipe.opt,
+                lr=recipe.lr,
+                weight_decay=recipe.weight_decay,
+                layer_decay=recipe.layer_decay,
+                filter_bias_and_bn=True,
+                **_sgd_kwargs(recipe.opt, recipe.momentum),
+            )
+        vit = model.vit if isinstance(model, MaskedPatchPrediction) else model
+        stem = vit.patch_embed.backbone
+        if stem is None:
+            raise RecipeError("stem_optimizer trains a hybrid's CNN, and this model has none")
+        if recipe.layer_decay is not None:
+            raise RecipeError("stem_optimizer and layer_decay do not combine: give one")
+        in_stem = {id(p) for p in stem.parameters()}
+        nwd = model.no_weight_decay()
+        rest = param_groups_weight_decay(model, recipe.weight_decay, no_weight_decay_list=nwd)
+        rest = [g | {"params": [p for p in g["params"] if id(p) not in in_stem]} for g in rest]
+        rest = [g for g in rest if g["params"]]
+        main = create_optimizer_v2(rest, opt=recipe.opt, lr=recipe.lr, **_sgd_kwargs(recipe.opt, recipe.momentum))
+        so = STEM_OPTIMIZER_DEFAULTS | recipe.stem_optimizer
+        weights, biases = [], []
+        for name, p in stem.named_parameters():
+            if p.ndim > 1:
+                weights += [p] if p.requires_grad else []  # the whitening filters are frozen
+            elif name.endswith("norm.weight"):
+                p.requires_grad_(False)
+            else:
+                biases.append(p)
+        scale = so["norm_lr_scale"]
+        groups = [
+            {"params": weights, "lr": so["lr"], "weight_decay": so["weight_decay"]},
+            {"params": biases, "lr": so["lr"] * scale, "weight_decay": so["weight_decay"] / scale},
+        ]
+        cnn = create_optimizer_v2(groups, opt=so["opt"], lr=so["lr"], **_sgd_kwargs(so["opt"], so["momentum"]))
+        return Optimizers(main, cnn)
     except (AssertionError, ValueError) as e:
         raise RecipeError(f"opt {recipe.opt!r}: {e}. See timm.optim.list_optimizers().") from None
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, steps_per_epoch: int):
-    """Linear warmup then cosine decay to ``min_lr``, per iteration (timm ``CosineLRScheduler``)."""
-    from timm.scheduler import CosineLRScheduler
+class Optimizers:
+    """Several optimizers stepped as one (``build_optimizer`` with ``stem_optimizer``): ``param_groups`` lists
+    theirs in order, so the scheduler sets every group's learning rate."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        # read anew each time: an optimizer's load_state_dict replaces its group dicts
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for o, s in zip(self.optimizers, state["optimizers"], strict=True):
+            o.load_state_dict(s)
+
+
+def main_groups(optimizer: torch.optim.Optimizer | Optimizers) -> list[dict[str, Any]]:
+    """The parameter groups of ``opt`` (not of a ``stem_optimizer``): the learning rate a run reports."""
+    return optimizer.optimizers[0].param_groups if isinstance(optimizer, Optimizers) else optimizer.param_groups
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer | Optimizers, recipe: Recipe, steps_per_epoch: int):
+    """Linear warmup then a decay to ``min_lr``, per iteration: cosine (timm ``CosineLRScheduler``) or, with
+    ``sched='linear'``, linear (``PolyLRScheduler`` with power 1: airbench's triangle)."""
+    from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 
     total = recipe.epochs * steps_per_epoch
     warmup = round(recipe.warmup_epochs * steps_per_epoch)
-    return CosineLRScheduler(
-        optimizer,
+    schedule = dict(
         t_initial=max(1, total - warmup),
         lr_min=recipe.min_lr,
         warmup_t=warmup,
@@ -118,6 +216,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, steps_per_
         warmup_prefix=True,
         t_in_epochs=False,
     )
+    if recipe.sched == "linear":
+        return PolyLRScheduler(optimizer, power=1.0, **schedule)
+    return CosineLRScheduler(optimizer, **schedule)
 
 
 def build_loss(recipe: Recipe, classes: list[str] | None) -> tuple[Callable | None, nn.Module]:
@@ -141,6 +242,39 @@ def build_loss(recipe: Recipe, classes: list[str] | None) -> tuple[Callable | No
     if recipe.label_smoothing > 0:
         return None, LabelSmoothingCrossEntropy(recipe.label_smoothing)
     return None, nn.CrossEntropyLoss()
+
+
+class Lookahead:
+    """airbench's lookahead (Jordan 2024, after Zhang et al. 2019): every ``every`` steps a slow copy of the
+    weights (BatchNorm statistics included) moves toward the trained ones, ``slow += (1 - d) (fast - slow)``,
+    and training goes on from the slow copy; ``d = 0.95^every (step / total)^3`` grows from 0 (no
+    averaging) to 0.77 at the end, and after the last step the model is the slow copy."""
+
+    def __init__(self, net: nn.Module, total_steps: int, every: int = 5) -> None:
+        self.total, self.every = total_steps, every
+        self.slow = {k: v.detach().clone() for k, v in net.state_dict().items() if v.is_floating_point()}
+
+    @torch.no_grad()
+    def update(self, net: nn.Module, step: int) -> None:
+        """After optimizer step ``step`` (1-based)."""
+        if step % self.every and step < self.total:
+            return
+        decay = 1.0 if step >= self.total else 0.95**self.every * (step / self.total) ** 3
+        state = net.state_dict()
+        for k, slow in self.slow.items():
+            slow.lerp_(state[k], 1 - decay)
+            state[k].copy_(slow)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.slow
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for k, v in state.items():
+            self.slow[k].copy_(v)
+
+
+def build_lookahead(net: nn.Module, recipe: Recipe, steps_per_epoch: int) -> Lookahead | None:
+    return Lookahead(net, recipe.epochs * steps_per_epoch) if recipe.lookahead else None
 
 
 def build_ema(net: nn.Module, recipe: Recipe) -> nn.Module | None:

@@ -107,6 +107,8 @@ def config_to_dict(cfg: ViTConfig) -> dict[str, Any]:
             "stem_channels": list(cfg.stem_channels) if cfg.stem_channels else None,
             "stem_strides": list(cfg.stem_strides) if cfg.stem_strides else None,
             "stem_pools": list(cfg.stem_pools) if cfg.stem_pools else None,
+            "stem_whiten": cfg.stem_whiten,
+            "stem_act": cfg.stem_act,
         },
     }
 
@@ -140,7 +142,15 @@ def config_from_dict(d: dict[str, Any], source: str = "config.json") -> ViTConfi
         args["num_classes"] = pc["num_classes"]
     args |= {
         k: ours[k]
-        for k in ("norm_eps", "representation_size", "stem_channels", "stem_strides", "stem_pools")
+        for k in (
+            "norm_eps",
+            "representation_size",
+            "stem_channels",
+            "stem_strides",
+            "stem_pools",
+            "stem_whiten",
+            "stem_act",
+        )
         if ours.get(k)
     }
     args["name"] = ours.get("name", arch)

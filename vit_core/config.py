@@ -49,6 +49,7 @@ INTERPOLATIONS = ("nearest", "bilinear", "bicubic")  # the resampling filters vi
 MAX_DEPTH = 1024
 MAX_STAGE_DEPTH = 64
 MAX_STEM_LAYERS = 16
+STEM_ACTS = ("relu", "gelu")
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,12 @@ class ViTConfig:
     stem_channels: tuple[int, ...] | None = None
     stem_strides: tuple[int, ...] | None = None
     stem_pools: tuple[int, ...] | None = None
+    # airbench's additions to the conv stem (Jordan 2024): a frozen k x k "whitening" convolution first, whose
+    # 2 * in_chans * k^2 filters are the eigenvectors of the training images' k x k patch covariance (and their
+    # negatives) scaled to unit variance (``hybrid.whitening_weights``; 'same' padding, bias trained), and the
+    # activation after every BatchNorm ("relu" or "gelu").
+    stem_whiten: int | None = None
+    stem_act: str = "relu"
     # Preprocessing, as timm's pretrained_cfg.
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -218,6 +225,8 @@ def _type_problems(c: ViTConfig) -> list[str]:
         "stem_channels": (c.stem_channels is None or _ints(c.stem_channels), "a list of integers or null"),
         "stem_strides": (c.stem_strides is None or _ints(c.stem_strides), "a list of integers or null"),
         "stem_pools": (c.stem_pools is None or _ints(c.stem_pools), "a list of integers or null"),
+        "stem_whiten": (c.stem_whiten is None or _is_int(c.stem_whiten), "an integer or null"),
+        "stem_act": (isinstance(c.stem_act, str), text),
         "mean": (isinstance(c.mean, tuple) and all(_is_real(v) for v in c.mean), "a list of numbers"),
         "std": (isinstance(c.std, tuple) and all(_is_real(v) for v in c.std), "a list of numbers"),
         "interpolation": (isinstance(c.interpolation, str), text),
@@ -280,6 +289,12 @@ def _value_problems(c: ViTConfig) -> list[str]:
 
 
 def _stem_problems(c: ViTConfig) -> list[str]:
+    if c.stem_act not in STEM_ACTS:
+        return [f"stem_act must be one of {', '.join(STEM_ACTS)}, got {c.stem_act!r}"]
+    if c.stem_channels is None and (c.stem_whiten is not None or c.stem_act != "relu"):
+        return ["stem_whiten and stem_act belong to a conv stem: give stem_channels and stem_strides too"]
+    if c.stem_whiten is not None and not 1 <= c.stem_whiten <= 7:
+        return [f"stem_whiten is the whitening convolution's kernel size, 1..7 (airbench: 2), got {c.stem_whiten}"]
     if c.backbone_layers is not None:
         if c.stem_channels is not None:
             return ["a hybrid has either a ResNet (backbone_layers) or a conv stem (stem_channels), not both"]

@@ -34,7 +34,7 @@ def state_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
     if cfg.backbone_layers:
         stem = ResNetV2Stem.state_shapes(cfg.backbone_layers, cfg.in_chans)
     elif cfg.stem_channels:
-        stem = ConvStem.state_shapes(cfg.stem_channels, cfg.in_chans)
+        stem = ConvStem.state_shapes(cfg.stem_channels, cfg.in_chans, cfg.stem_whiten)
     maps = _cnn_feature_maps(cfg)
     in_dim = maps[-1][0] if maps else cfg.in_chans
     s |= {f"patch_embed.backbone.{k}": v for k, v in stem.items()}

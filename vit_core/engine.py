@@ -37,11 +37,13 @@ from . import run_folder
 from .builders import (
     build_datasets,
     build_ema,
+    build_lookahead,
     build_loss,
     build_network,
     build_optimizer,
     build_scheduler,
     load_init,
+    main_groups,
 )
 from .data import Batches
 from .distributed import Processes, rng_state, seed_all, set_rng_state, setup_processes
@@ -115,7 +117,7 @@ class _Run:
         config = init.config if init is not None else recipe.scratch_config(None)
         train_set, test_set = build_datasets(recipe, config.pretrained_cfg())
         self.classes = None if self.mpp else list(train_set.classes)
-        self.net = build_network(recipe, init, self.classes).to(procs.device)
+        self.net = build_network(recipe, init, self.classes, train_set).to(procs.device)
         if recipe.channels_last:  # convolutions then run in NHWC whatever the input's layout
             self.net = self.net.to(memory_format=torch.channels_last)
         self.model: VisionTransformer = self.net.vit if self.mpp else self.net
@@ -127,6 +129,7 @@ class _Run:
         self.optimizer = build_optimizer(self.net, recipe)
         self.scheduler = build_scheduler(self.optimizer, recipe, len(self.train_batches))
         self.ema = build_ema(self.net, recipe)
+        self.lookahead = build_lookahead(self.net, recipe, len(self.train_batches))
         cuda = procs.device.type == "cuda"
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(recipe.precision) if cuda else None
         self.scaler = torch.amp.GradScaler(procs.device.type, enabled=self.amp_dtype == torch.float16)
@@ -169,6 +172,8 @@ class _Run:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None:
             self.ema.module.load_state_dict(state["ema"])
+        if self.lookahead is not None:
+            self.lookahead.load_state_dict(state["lookahead"])
         if state["scaler"]:  # empty (or None, before) when it was off
             self.scaler.load_state_dict(state["scaler"])
         self.start_epoch, self.history = state["epoch"], state["history"]
@@ -220,6 +225,8 @@ class _Run:
             self.scaler.update()
             step = epoch * steps + i + 1
             self.scheduler.step_update(num_updates=step)
+            if self.lookahead is not None:
+                self.lookahead.update(net, step)
             if self.ema is not None:
                 self.ema.update(net, step=step)
             with torch.no_grad():
@@ -235,7 +242,7 @@ class _Run:
         if self.mixup is None:  # mixed targets have no single correct class
             row["train_acc" if self.mpp else "train_top1"] = 100 * sums[1].item() / sums[2].item()
         return row | {
-            "lr": max(g["lr"] for g in optimizer.param_groups),
+            "lr": max(g["lr"] for g in main_groups(optimizer)),
             "images_per_s": steps * recipe.batch_size / seconds,
             "epoch_time_s": seconds,
         }
@@ -272,6 +279,7 @@ class _Run:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "ema": self.ema.module.state_dict() if self.ema is not None else None,
+            "lookahead": self.lookahead.state_dict() if self.lookahead is not None else None,
             "scaler": self.scaler.state_dict(),
             "rng": rngs,
             "history": self.history,

@@ -163,23 +163,52 @@ def _norm(name: str, channels: int) -> dict[str, tuple[int, ...]]:
 
 
 class ConvNormAct(nn.Module):
-    """3x3 convolution (no bias), an optional max pool, BatchNorm, ReLU.
+    """3x3 convolution (no bias), an optional max pool, BatchNorm, ReLU (or GELU, as airbench).
 
     Pooling before the norm (as airbench, Jordan 2024) normalises the smaller map: same function,
-    a quarter of the BatchNorm and ReLU work at pool 2.
+    a quarter of the BatchNorm and activation work at pool 2.
     """
 
-    def __init__(self, in_chs: int, out_chs: int, stride: int, pool: int = 1) -> None:
+    def __init__(self, in_chs: int, out_chs: int, stride: int, pool: int = 1, act: str = "relu") -> None:
         super().__init__()
         self.conv = nn.Conv2d(in_chs, out_chs, 3, stride=stride, padding=1, bias=False)
         self.pool = pool
         self.norm = nn.BatchNorm2d(out_chs)
+        self.act = F.gelu if act == "gelu" else F.relu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv(x)
         if self.pool > 1:
             x = F.max_pool2d(x, self.pool, ceil_mode=True)
-        return F.relu(self.norm(x))
+        return self.act(self.norm(x))
+
+
+def whitening_weights(images: torch.Tensor, kernel: int, eps: float = 5e-4) -> torch.Tensor:
+    """airbench's whitening filters (Jordan 2024) from (N, C, H, W) normalised images: the eigenvectors
+    v_i of the covariance of their kernel x kernel patches, each scaled by 1 / sqrt(lambda_i + eps), and
+    their negatives: (2 C k^2, C, k, k). A convolution with them maps every patch to coordinates of
+    (near) unit variance and no correlation, so the first trained layer sees decorrelated inputs.
+    """
+    c = images.shape[1]
+    patches = images.unfold(2, kernel, 1).unfold(3, kernel, 1).permute(0, 2, 3, 1, 4, 5).reshape(-1, c * kernel**2)
+    patches = patches.double()
+    cov = patches.T @ patches / len(patches)  # second moment about zero, as airbench: normalised images
+    eigenvalues, eigenvectors = torch.linalg.eigh(cov)  # ascending
+    filters = (eigenvectors.T / torch.sqrt(eigenvalues + eps)[:, None]).flip(0)  # largest variance first
+    filters = filters.reshape(-1, c, kernel, kernel).float()
+    return torch.cat([filters, -filters])
+
+
+class WhiteningConv(nn.Conv2d):
+    """The k x k convolution with airbench's whitening filters (``whitening_weights``), 'SAME' padding so
+    that the image keeps its size; the filters are frozen, the bias is trained."""
+
+    def __init__(self, in_chans: int, kernel: int) -> None:
+        super().__init__(in_chans, 2 * in_chans * kernel**2, kernel)
+        self.weight.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(pad_same(x, self.kernel_size[0], 1))
 
 
 class ConvStem(nn.Module):
@@ -189,6 +218,7 @@ class ConvStem(nn.Module):
     Each layer with stride 2 or pool 2 halves the resolution (output side ceil(input / 2)). Local
     features and translation equivariance come from the convolutions, so the transformer on top trains
     fast on small data; the patch projection (a 1x1 convolution) then maps each cell to a token.
+    ``whiten``: airbench's frozen whitening convolution first (``whitening_weights``), then ``act``.
     """
 
     def __init__(
@@ -197,21 +227,39 @@ class ConvStem(nn.Module):
         strides: tuple[int, ...],
         in_chans: int = 3,
         pools: tuple[int, ...] | None = None,
+        whiten: int | None = None,
+        act: str = "relu",
     ) -> None:
         super().__init__()
-        ins = (in_chans, *channels[:-1])
+        self.whiten = None
+        self.act = F.gelu if act == "gelu" else F.relu
+        if whiten is not None:  # frozen filters, set from the training images (whitening_weights)
+            self.whiten = WhiteningConv(in_chans, whiten)
+        ins = (self.whiten.out_channels if self.whiten is not None else in_chans, *channels[:-1])
         pools = pools or (1,) * len(channels)
-        self.layers = nn.Sequential(*map(ConvNormAct, ins, channels, strides, pools))
+        self.layers = nn.Sequential(
+            *(ConvNormAct(*args, act=act) for args in zip(ins, channels, strides, pools, strict=True))
+        )
         self.out_chans = channels[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.whiten is not None:
+            x = self.act(self.whiten(x))
         return self.layers(x)
 
     @staticmethod
-    def state_shapes(channels: tuple[int, ...], in_chans: int = 3) -> dict[str, tuple[int, ...]]:
+    def state_shapes(
+        channels: tuple[int, ...], in_chans: int = 3, whiten: int | None = None
+    ) -> dict[str, tuple[int, ...]]:
         """The shape of every state-dict entry (BatchNorm's running statistics included), from the
         arguments alone (nothing is built)."""
         s: dict[str, tuple[int, ...]] = {}
+        if whiten is not None:
+            s = {
+                "whiten.weight": (2 * in_chans * whiten**2, in_chans, whiten, whiten),
+                "whiten.bias": (2 * in_chans * whiten**2,),
+            }
+            in_chans = 2 * in_chans * whiten**2
         for i, (c_in, c_out) in enumerate(zip((in_chans, *channels[:-1]), channels, strict=True)):
             n = f"layers.{i}.norm."
             s[f"layers.{i}.conv.weight"] = (c_out, c_in, 3, 3)

@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .explain import eval_mode, readout_row, target_classes, to_map, token_grid
-from .hybrid import ConvStem, ResNetV2Stem, StdConv2dSame, pad_same
+from .hybrid import ConvStem, ResNetV2Stem, StdConv2dSame, WhiteningConv, pad_same
 
 CONV_GAMMA = 0.25  # the γ-rule on convolutions (Montavon et al. 2019's choice for lower layers; zennit's default)
 
@@ -253,6 +253,8 @@ def _conv(conv: nn.Conv2d, x: torch.Tensor, gamma: float) -> torch.Tensor:
     if isinstance(conv, StdConv2dSame):
         x = pad_same(x, conv.kernel_size[0], conv.stride[0])
         return _gamma_conv(x, conv.standardized_weight(), None, gamma, stride=conv.stride)
+    if isinstance(conv, WhiteningConv):
+        x = pad_same(x, conv.kernel_size[0], 1)
     return _gamma_conv(x, conv.weight, conv.bias, gamma, stride=conv.stride, padding=conv.padding)
 
 
@@ -283,13 +285,18 @@ def _resnet(stem: ResNetV2Stem, x: torch.Tensor, gamma: float) -> torch.Tensor:
 
 
 def _conv_stem(stem: ConvStem, x: torch.Tensor, gamma: float) -> torch.Tensor:
-    """``hybrid.ConvStem`` with its convolutions under the γ-rule; max pooling (winner takes all), BatchNorm
-    (affine in eval mode) and ReLU pass relevance by their gradients."""
+    """``hybrid.ConvStem`` with its convolutions (the whitening one included) under the γ-rule; max pooling
+    (winner takes all) and BatchNorm (affine in eval mode) pass relevance by their gradients, the activations
+    (ReLU or GELU) by the identity rule."""
+    if stem.whiten is not None:
+        x = _conv(stem.whiten, x, gamma)
+        x = _identity(x, stem.act(x))
     for layer in stem.layers:
         x = _conv(layer.conv, x, gamma)
         if layer.pool > 1:
             x = F.max_pool2d(x, layer.pool, ceil_mode=True)
-        x = F.relu(layer.norm(x))
+        x = layer.norm(x)
+        x = _identity(x, layer.act(x))
     return x
 
 

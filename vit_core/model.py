@@ -75,7 +75,9 @@ class PatchEmbed(nn.Module):
         if cfg.backbone_layers:
             self.backbone = ResNetV2Stem(cfg.backbone_layers, cfg.in_chans)
         elif cfg.stem_channels:
-            self.backbone = ConvStem(cfg.stem_channels, cfg.stem_strides, cfg.in_chans, cfg.stem_pools)
+            self.backbone = ConvStem(
+                cfg.stem_channels, cfg.stem_strides, cfg.in_chans, cfg.stem_pools, cfg.stem_whiten, cfg.stem_act
+            )
         in_dim = self.backbone.out_chans if self.backbone is not None else cfg.in_chans
         self.proj = nn.Conv2d(in_dim, cfg.embed_dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
         self.grid_size = cfg.grid_size

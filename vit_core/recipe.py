@@ -56,6 +56,12 @@ class Recipe:
     warmup_epochs: float = 0.0  # linear warmup from warmup_lr, in (fractional) epochs
     warmup_lr: float = 1e-6
     min_lr: float = 1e-6  # cosine decays to this
+    # The hybrid's CNN with an optimizer of its own (builders.build_optimizer), e.g. airbench's
+    # {"opt": "sgd", "lr": 1.5, "weight_decay": 1.3e-3, "momentum": 0.85, "norm_lr_scale": 64}; keys and
+    # defaults: STEM_OPTIMIZER_DEFAULTS ("lr" required). None: one optimizer (opt, lr, ...) for everything.
+    stem_optimizer: dict[str, Any] | None = None
+    sched: str = "cosine"  # decay after warmup: "cosine" or "linear" (airbench's triangle with warmup)
+    lookahead: bool = False  # airbench's lookahead every 5 steps (builders.Lookahead); the model ends as its average
     grad_clip: float | None = None  # max global gradient norm
     ema_decay: float | None = None  # model EMA (timm ModelEmaV3), e.g. 0.9998; exported instead of the raw model
     seed: int = 0
@@ -105,7 +111,12 @@ class Recipe:
 
     def _validate(self) -> None:
         problems = []
-        choices = {"task": ("classify", "mpp"), "precision": ("bf16", "fp16", "fp32"), "weight_init": ("timm", "jax")}
+        choices = {
+            "task": ("classify", "mpp"),
+            "precision": ("bf16", "fp16", "fp32"),
+            "weight_init": ("timm", "jax"),
+            "sched": ("cosine", "linear"),
+        }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 problems.append(f"{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
@@ -137,6 +148,7 @@ class Recipe:
         if self.task == "mpp" and (self.mixup or self.cutmix or self.label_smoothing):
             problems.append("mixup, cutmix and label_smoothing apply to classification, not task='mpp'")
         problems += _subset_problems(self.train_subset, self.eval_subset)
+        problems += _stem_optimizer_problems(self.stem_optimizer)
         if self.classes is not None and (
             not self.classes
             or not all(isinstance(c, str) for c in self.classes)
@@ -155,6 +167,30 @@ class Recipe:
 
 # Keys that only say how to run, not what is computed (up to float rounding): a resumed run may change them.
 RUNTIME_KEYS = frozenset({"device", "compile", "channels_last", "grad_checkpointing", "workers", "eval_batch_size"})
+
+
+STEM_OPTIMIZER_DEFAULTS: dict[str, Any] = {"opt": "sgd", "weight_decay": 0.0, "momentum": 0.9, "norm_lr_scale": 1.0}
+
+
+def _stem_optimizer_problems(so: dict[str, Any] | None) -> list[str]:
+    if so is None:
+        return []
+    keys = ["lr", *STEM_OPTIMIZER_DEFAULTS]
+    unknown = sorted(set(so) - set(keys))
+    if unknown:
+        return [f"stem_optimizer: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(keys)}"]
+    if "lr" not in so:
+        return ["stem_optimizer needs an lr"]
+    problems = (
+        [] if isinstance(so.get("opt", "sgd"), str) else [f"stem_optimizer opt must be a string, got {so['opt']!r}"]
+    )
+    for key in ("lr", "weight_decay", "momentum", "norm_lr_scale"):
+        v = so.get(key, STEM_OPTIMIZER_DEFAULTS.get(key))
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            problems.append(f"stem_optimizer {key} must be a number >= 0, got {v!r}")
+    if not problems and so.get("norm_lr_scale", 1.0) == 0:
+        problems.append("stem_optimizer norm_lr_scale must be > 0")
+    return problems
 
 
 def _subset_problems(train_subset: int | list[int] | None, eval_subset: int | None) -> list[str]:
