@@ -167,8 +167,9 @@ _STEM = dict(stem_channels=(4, 8), stem_strides=(1, 1), stem_pools=(2, 1), stem_
 
 
 def test_stem_optimizer_trains_the_cnn_as_airbench():
-    """stem_optimizer: the CNN's conv weights in SGD-Nesterov at its lr and decay, its biases at lr * scale with
-    decay / scale, BatchNorm's scales frozen at 1 and the whitening filters trained by nothing; everything else
+    """stem_optimizer: the CNN's conv weights and whitening bias in SGD-Nesterov at its lr and decay, BatchNorm's
+    shifts at lr * scale with decay / scale, its scales frozen at 1 and the whitening filters trained by nothing;
+    everything else
     in the main optimizer with timm's decay rules; every trainable parameter in exactly one group."""
     model = vit_core.create_model(vit_core.ViTConfig(**dict(TINY, patch_size=1), **_STEM, num_classes=3))
     so = {"lr": 1.5, "weight_decay": 0.002, "momentum": 0.85, "norm_lr_scale": 64}
@@ -182,7 +183,8 @@ def test_stem_optimizer_trains_the_cnn_as_airbench():
         if name == "patch_embed.backbone.whiten.weight" or (name.endswith("norm.weight") and "backbone" in name):
             assert not p.requires_grad and id(p) not in where, name
         elif "backbone" in name:
-            assert where[id(p)] == ((1.5, 0.002) if p.ndim > 1 else (96.0, pytest.approx(0.002 / 64))), name
+            shift = name.endswith("norm.bias")
+            assert where[id(p)] == ((96.0, pytest.approx(0.002 / 64)) if shift else (1.5, 0.002)), name
         else:
             spared = p.ndim <= 1 or name in ("pos_embed", "cls_token")
             assert where[id(p)] == (1e-3, 0.0 if spared else 0.05), name
@@ -192,6 +194,18 @@ def test_stem_optimizer_trains_the_cnn_as_airbench():
         Recipe.from_dict({"stem_optimizer": {"momentum": 0.9}})
     with pytest.raises(RecipeError, match=r"unknown key\(s\) nesterov"):
         Recipe.from_dict({"stem_optimizer": {"lr": 1.0, "nesterov": True}})
+
+
+def test_bn_momentum_reaches_every_batchnorm():
+    from vit_core.builders import build_network
+
+    args = dict(model_args=dict(TINY, patch_size=1, **dict(_STEM, stem_whiten=None)))
+    for momentum, want in ((None, 0.1), (0.4, 0.4)):
+        net = build_network(Recipe.from_dict(args | {"bn_momentum": momentum}), None, ["a", "b"])
+        norms = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+        assert len(norms) == 2 and all(m.momentum == want for m in norms)
+    with pytest.raises(RecipeError, match=r"bn_momentum must be in \(0, 1\]"):
+        Recipe.from_dict({"bn_momentum": 0.0})
 
 
 def test_lookahead_follows_airbench_formula():
@@ -271,6 +285,7 @@ def test_resume_airbench_style_run(tmp_path):
         model_args=stem,
         epochs=3,
         lookahead=True,
+        bn_momentum=0.4,
         sched="linear",
         warmup_epochs=1,
         stem_optimizer={"lr": 0.5, "weight_decay": 1e-3, "momentum": 0.85, "norm_lr_scale": 8},

@@ -96,6 +96,10 @@ def build_network(
                 stem.whiten.weight.copy_(
                     whitening_weights(whitening_images(train_set, model), stem.whiten.kernel_size[0])
                 )
+    if recipe.bn_momentum is not None:
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.momentum = recipe.bn_momentum
     if recipe.grad_checkpointing:
         model.set_grad_checkpointing(True)
     return MaskedPatchPrediction(model) if recipe.task == "mpp" else model
@@ -118,10 +122,10 @@ def build_optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer |
     ``layer_decay`` each depth gets lr * layer_decay^(depth from the top), via ``model.group_matcher``.
 
     With ``stem_optimizer`` the hybrid's CNN has an optimizer of its own (``Optimizers`` steps both), as CNN
-    recipes train it (airbench: SGD with Nesterov momentum): its convolution weights at ``lr`` with
-    ``weight_decay``, its biases (BatchNorm's shifts, the whitening bias) at ``lr * norm_lr_scale`` with the
-    decay divided by it (the same decay per step); BatchNorm's scales stay at 1, as airbench fixes them (the
-    next convolution can scale)."""
+    recipes train it (airbench: SGD with Nesterov momentum): its convolution weights and the whitening bias at
+    ``lr`` with ``weight_decay``, BatchNorm's shifts at ``lr * norm_lr_scale`` with the decay divided by it (the
+    same decay per step); BatchNorm's scales stay at 1, as airbench fixes them (the next convolution can
+    scale)."""
     from timm.optim import create_optimizer_v2
     from timm.optim._param_groups import param_groups_weight_decay
 
@@ -151,12 +155,12 @@ def build_optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer |
         so = STEM_OPTIMIZER_DEFAULTS | recipe.stem_optimizer
         weights, biases = [], []
         for name, p in stem.named_parameters():
-            if p.ndim > 1:
-                weights += [p] if p.requires_grad else []  # the whitening filters are frozen
-            elif name.endswith("norm.weight"):
+            if name.endswith("norm.weight"):
                 p.requires_grad_(False)
-            else:
+            elif name.endswith("norm.bias"):
                 biases.append(p)
+            elif p.requires_grad:  # the whitening filters are frozen
+                weights.append(p)
         scale = so["norm_lr_scale"]
         groups = [
             {"params": weights, "lr": so["lr"], "weight_decay": so["weight_decay"]},

@@ -61,6 +61,9 @@ class Recipe:
     # defaults: STEM_OPTIMIZER_DEFAULTS ("lr" required). None: one optimizer (opt, lr, ...) for everything.
     stem_optimizer: dict[str, Any] | None = None
     sched: str = "cosine"  # decay after warmup: "cosine" or "linear" (airbench's triangle with warmup)
+    # BatchNorm's running statistics: weight of each batch's (PyTorch's convention; None: PyTorch's 0.1). airbench
+    # uses 0.4: at its learning rates the weights move faster than a 0.1 average follows, and eval-mode accuracy lags.
+    bn_momentum: float | None = None
     lookahead: bool = False  # airbench's lookahead every 5 steps (builders.Lookahead); the model ends as its average
     grad_clip: float | None = None  # max global gradient norm
     ema_decay: float | None = None  # model EMA (timm ModelEmaV3), e.g. 0.9998; exported instead of the raw model
@@ -134,6 +137,8 @@ class Recipe:
                 f"warmup_epochs ({self.warmup_epochs:g}) must be less than epochs ({self.epochs}); "
                 "shorten it, e.g. --set warmup_epochs=0"
             )
+        if self.bn_momentum is not None and not 0 < self.bn_momentum <= 1:
+            problems.append(f"bn_momentum must be in (0, 1], got {self.bn_momentum}")
         if self.ema_decay is not None and not 0 < self.ema_decay < 1:
             problems.append(f"ema_decay must be in (0, 1), got {self.ema_decay}")
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
