@@ -14,7 +14,7 @@ from train import load_recipe
 
 cpu = load_recipe("cifar10_vit_cpu")
 
-EPOCHS = 18
+EPOCHS = 24  # the first attempt's 18 took 94.3 minutes: 24 fit the 150-minute budget with evaluation
 
 recipe = cpu | dict(
     model_args=cpu["model_args"]
@@ -45,6 +45,7 @@ recipe = cpu | dict(
     warmup_epochs=0.23 * EPOCHS,
     min_lr=0.0,
     lookahead=True,
+    bn_momentum=0.4,  # airbench's; with PyTorch's 0.1 the first attempt's eval-mode accuracy lagged by up to 55 points
     label_smoothing=0.2,
     channels_last=True,
 )
