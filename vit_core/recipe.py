@@ -62,7 +62,7 @@ class Recipe:
     stem_optimizer: dict[str, Any] | None = None
     sched: str = "cosine"  # decay after warmup: "cosine" or "linear" (airbench's triangle with warmup)
     # BatchNorm's running statistics: weight of each batch's (PyTorch's convention; None: PyTorch's 0.1). airbench
-    # uses 0.4: at its learning rates the weights move faster than a 0.1 average follows, and eval-mode accuracy lags.
+    # uses 0.4, a shorter average for weights that move fast at its learning rates.
     bn_momentum: float | None = None
     lookahead: bool = False  # airbench's lookahead every 5 steps (builders.Lookahead); the model ends as its average
     grad_clip: float | None = None  # max global gradient norm
