@@ -143,10 +143,6 @@ def test_schedule_is_linear_warmup_then_per_step_cosine():
         sched.step_update(num_updates=t + 1)
 
 
-# ------------------------------------------------------------------------------------ real runs
-
-
-@needs_mnist
 def test_linear_schedule_is_airbench_triangle():
     """sched='linear': the same warmup, then a straight line from the peak to min_lr at the last step, in every
     group at its own peak (the stem optimizer's groups included)."""
@@ -296,6 +292,10 @@ def test_resume_airbench_style_run(tmp_path):
     _same_run(tmp_path / "full", tmp_path / "cut")
 
 
+# ------------------------------------------------------------------------------------ real runs
+
+
+@needs_mnist
 def test_short_mnist_run_learns(tmp_path):
     """Two epochs on 10,000 MNIST training images (a 20k-parameter ViT): > 85% on 2,000 test images."""
     model_args = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
