@@ -152,3 +152,23 @@ def test_size_names_are_the_papers():
     assert [size_name(vit_core.get_config(n)) for n in names] == ["Ti", "S", "B", "L"]
     assert size_name(vit_core.get_config("vit_huge_patch14_224")) == "H"
     assert size_name(ViTConfig(embed_dim=64, depth=2, num_heads=2)) is None
+
+
+def test_every_stem_activation_the_config_accepts_is_built():
+    from vit_core.config import STEM_ACTS
+    from vit_core.hybrid import ACTIVATIONS
+
+    assert set(ACTIVATIONS) == set(STEM_ACTS)
+    for act in STEM_ACTS:
+        cfg = ViTConfig(
+            img_size=8,
+            patch_size=1,
+            embed_dim=8,
+            depth=1,
+            num_heads=1,
+            stem_channels=(4,),
+            stem_strides=(2,),
+            stem_act=act,
+        )
+        stem = vit_core.create_model(cfg).patch_embed.backbone
+        assert stem.layers[0].act is ACTIVATIONS[act]

@@ -184,7 +184,9 @@ def test_stem_optimizer_trains_the_cnn_as_airbench():
         else:
             spared = p.ndim <= 1 or name in ("pos_embed", "cls_token")
             assert where[id(p)] == (1e-3, 0.0 if spared else 0.05), name
-    with pytest.raises(RecipeError, match="this model has none"):
+    with pytest.raises(RecipeError, match=r"^stem_optimizer opt 'sgdd': .*list_optimizers"):
+        build_optimizer(model, Recipe(stem_optimizer={"lr": 1.0, "opt": "sgdd"}))
+    with pytest.raises(RecipeError, match="^stem_optimizer trains a hybrid's CNN, and this model has none$"):
         build_optimizer(vit_core.create_model(vit_core.ViTConfig(**TINY)), Recipe(stem_optimizer={"lr": 1.0}))
     with pytest.raises(RecipeError, match="stem_optimizer needs an lr"):
         Recipe.from_dict({"stem_optimizer": {"momentum": 0.9}})

@@ -113,8 +113,16 @@ def whitening_images(train_set: Dataset | None, model: VisionTransformer, n: int
     return build_transform(model.config.pretrained_cfg())(train_set.images[:n])
 
 
-def _sgd_kwargs(opt: str, momentum: float) -> dict[str, Any]:
-    return {"momentum": momentum} if opt.lower().endswith("sgd") or opt == "momentum" else {}
+def _timm_optimizer(params: Any, key: str, opt: str, momentum: float, **kwargs: Any) -> torch.optim.Optimizer:
+    """timm's ``create_optimizer_v2``; a name or setting it rejects is a ``RecipeError`` naming the recipe ``key``."""
+    from timm.optim import create_optimizer_v2
+
+    if opt.lower().endswith("sgd") or opt == "momentum":
+        kwargs["momentum"] = momentum
+    try:
+        return create_optimizer_v2(params, opt=opt, **kwargs)
+    except (AssertionError, ValueError) as e:
+        raise RecipeError(f"{key} {opt!r}: {e}. See timm.optim.list_optimizers().") from None
 
 
 def build_optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer | Optimizers:
@@ -126,50 +134,45 @@ def build_optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer |
     ``lr`` with ``weight_decay``, BatchNorm's shifts at ``lr * norm_lr_scale`` with the decay divided by it (the
     same decay per step); BatchNorm's scales stay at 1, as airbench fixes them (the next convolution can
     scale)."""
-    from timm.optim import create_optimizer_v2
     from timm.optim._param_groups import param_groups_weight_decay
 
-    try:
-        if recipe.stem_optimizer is None:
-            return create_optimizer_v2(
-                model,
-                opt=recipe.opt,
-                lr=recipe.lr,
-                weight_decay=recipe.weight_decay,
-                layer_decay=recipe.layer_decay,
-                filter_bias_and_bn=True,
-                **_sgd_kwargs(recipe.opt, recipe.momentum),
-            )
-        vit = model.vit if isinstance(model, MaskedPatchPrediction) else model
-        stem = vit.patch_embed.backbone
-        if stem is None:
-            raise RecipeError("stem_optimizer trains a hybrid's CNN, and this model has none")
-        if recipe.layer_decay is not None:
-            raise RecipeError("stem_optimizer and layer_decay do not combine: give one")
-        in_stem = {id(p) for p in stem.parameters()}
-        nwd = model.no_weight_decay()
-        rest = param_groups_weight_decay(model, recipe.weight_decay, no_weight_decay_list=nwd)
-        rest = [g | {"params": [p for p in g["params"] if id(p) not in in_stem]} for g in rest]
-        rest = [g for g in rest if g["params"]]
-        main = create_optimizer_v2(rest, opt=recipe.opt, lr=recipe.lr, **_sgd_kwargs(recipe.opt, recipe.momentum))
-        so = STEM_OPTIMIZER_DEFAULTS | recipe.stem_optimizer
-        weights, biases = [], []
-        for name, p in stem.named_parameters():
-            if name.endswith("norm.weight"):
-                p.requires_grad_(False)
-            elif name.endswith("norm.bias"):
-                biases.append(p)
-            elif p.requires_grad:  # the whitening filters are frozen
-                weights.append(p)
-        scale = so["norm_lr_scale"]
-        groups = [
-            {"params": weights, "lr": so["lr"], "weight_decay": so["weight_decay"]},
-            {"params": biases, "lr": so["lr"] * scale, "weight_decay": so["weight_decay"] / scale},
-        ]
-        cnn = create_optimizer_v2(groups, opt=so["opt"], lr=so["lr"], **_sgd_kwargs(so["opt"], so["momentum"]))
-        return Optimizers(main, cnn)
-    except (AssertionError, ValueError) as e:
-        raise RecipeError(f"opt {recipe.opt!r}: {e}. See timm.optim.list_optimizers().") from None
+    if recipe.stem_optimizer is None:
+        return _timm_optimizer(
+            model,
+            "opt",
+            recipe.opt,
+            recipe.momentum,
+            lr=recipe.lr,
+            weight_decay=recipe.weight_decay,
+            layer_decay=recipe.layer_decay,
+            filter_bias_and_bn=True,
+        )
+    vit = model.vit if isinstance(model, MaskedPatchPrediction) else model
+    stem = vit.patch_embed.backbone
+    if stem is None:
+        raise RecipeError("stem_optimizer trains a hybrid's CNN, and this model has none")
+    if recipe.layer_decay is not None:
+        raise RecipeError("stem_optimizer and layer_decay do not combine: give one")
+    in_stem = {id(p) for p in stem.parameters()}
+    rest = param_groups_weight_decay(model, recipe.weight_decay, no_weight_decay_list=model.no_weight_decay())
+    rest = [g | {"params": [p for p in g["params"] if id(p) not in in_stem]} for g in rest]
+    main = _timm_optimizer([g for g in rest if g["params"]], "opt", recipe.opt, recipe.momentum, lr=recipe.lr)
+    so = STEM_OPTIMIZER_DEFAULTS | recipe.stem_optimizer
+    weights, shifts = [], []
+    for name, p in stem.named_parameters():
+        if name.endswith("norm.weight"):
+            p.requires_grad_(False)
+        elif name.endswith("norm.bias"):
+            shifts.append(p)
+        elif p.requires_grad:  # the whitening filters are frozen
+            weights.append(p)
+    scale = so["norm_lr_scale"]
+    groups = [
+        {"params": weights, "lr": so["lr"], "weight_decay": so["weight_decay"]},
+        {"params": shifts, "lr": so["lr"] * scale, "weight_decay": so["weight_decay"] / scale},
+    ]
+    cnn = _timm_optimizer(groups, "stem_optimizer opt", so["opt"], so["momentum"], lr=so["lr"])
+    return Optimizers(main, cnn)
 
 
 class Optimizers:

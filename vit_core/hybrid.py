@@ -162,6 +162,9 @@ def _norm(name: str, channels: int) -> dict[str, tuple[int, ...]]:
     return {f"{name}.weight": (channels,), f"{name}.bias": (channels,)}
 
 
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}  # a conv stem's, by ViTConfig.stem_act
+
+
 class ConvNormAct(nn.Module):
     """3x3 convolution (no bias), an optional max pool, BatchNorm, ReLU (or GELU, as airbench).
 
@@ -174,7 +177,7 @@ class ConvNormAct(nn.Module):
         self.conv = nn.Conv2d(in_chs, out_chs, 3, stride=stride, padding=1, bias=False)
         self.pool = pool
         self.norm = nn.BatchNorm2d(out_chs)
-        self.act = F.gelu if act == "gelu" else F.relu
+        self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv(x)
@@ -232,7 +235,7 @@ class ConvStem(nn.Module):
     ) -> None:
         super().__init__()
         self.whiten = None
-        self.act = F.gelu if act == "gelu" else F.relu
+        self.act = ACTIVATIONS[act]
         if whiten is not None:  # frozen filters, set from the training images (whitening_weights)
             self.whiten = WhiteningConv(in_chans, whiten)
         ins = (self.whiten.out_channels if self.whiten is not None else in_chans, *channels[:-1])
