@@ -37,8 +37,7 @@ import vit_core
 from vit_core import explain, lrp
 from vit_core.config import TIMM_MODEL_ARGS
 from vit_core.explain import attention_rollout
-
-BUNDLED = "models/cifar10_hybrid_pool"
+from webapp.catalog import BUNDLED
 
 
 def _sync(device: str) -> None:
@@ -128,9 +127,13 @@ def _interleaved(fns: dict, repeats: int, device: str) -> dict[str, list[float]]
 
 
 def cost_rows(name: str, device: str, repeats: int, rise_limit: float) -> list[dict]:
-    """Cost of one map by every method for one image: milliseconds and the ratio to a forward pass."""
+    """Cost of one map by every method for one image: milliseconds and the ratio to a forward pass. ``name``:
+    a variant (random weights) or "bundled"."""
     torch.manual_seed(0)
-    model = vit_core.from_pretrained(name) if name == BUNDLED else vit_core.create_model(name)
+    if name == "bundled":
+        name, model = BUNDLED.name, vit_core.from_pretrained(BUNDLED)
+    else:
+        model = vit_core.create_model(name)
     model = model.to(device).eval()
     x = torch.randn(1, model.config.in_chans, *model.config.img_hw, device=device)
 
@@ -189,7 +192,7 @@ def main() -> None:
         print("| model | method | ms per map | ratio to a forward pass |")
         print("|---|---|---|---|")
         for name in args.costs:
-            for r in cost_rows(BUNDLED if name == "bundled" else name, args.device, args.repeats, args.rise_limit):
+            for r in cost_rows(name, args.device, args.repeats, args.rise_limit):
                 print(f"| {r['model']} | {r['method']} | {r['ms']:.1f} | {r['ratio']:.2f} |", flush=True)
         return
     dtype = getattr(torch, args.dtype)

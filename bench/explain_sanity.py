@@ -57,6 +57,7 @@ from tqdm import tqdm
 import vit_core
 from vit_core import explain, faithfulness, methods, road
 from vit_core.data import build_dataset, build_transform
+from webapp.catalog import BUNDLED, ROOT
 
 ANCHORS = {"random": "random map", "centre": "centre Gaussian"}  # maps that ignore the image
 BASELINES = ("mean", "blur", "road")
@@ -323,7 +324,7 @@ def markdown(report: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--model", default="models/cifar10_hybrid_pool", help="checkpoint folder (model.safetensors + config.json)"
+        "--model", default=str(BUNDLED.relative_to(ROOT)), help="checkpoint folder (model.safetensors + config.json)"
     )
     p.add_argument("--data", default="cifar10", help="mnist, fashion-mnist, cifar10, or an image folder")
     p.add_argument("--n", type=int, default=300, help="number of test images")

@@ -55,11 +55,11 @@ from vit_core.calibration import (
 from vit_core.data import Batches, build_transform, class_subset, load_image
 from vit_core.evaluation import HELD_OUT, OOD_FIT, model_classes
 from vit_core.ood import SCORES, auroc, fit_statistics, fpr_at_tpr, ood_scores
+from webapp.catalog import BUNDLED, ROOT
+from webapp.model_info import UNSURE_BELOW
 
-BUNDLED = "models/cifar10_hybrid_pool"
 OOD_PHOTOS = Path(__file__).resolve().parent / "ood_photos"
 OPEN_RECIPE = "cifar10_open6"
-UNSURE_BELOW = 0.5  # webapp.model_info.UNSURE_BELOW: the app's "Not sure" rule (bench imports no webapp)
 
 
 @dataclass
@@ -189,7 +189,8 @@ def open_model(folder: Path) -> vit_core.VisionTransformer:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=BUNDLED, help="calibrated CIFAR-10 checkpoint for the far and photo protocols")
+    bundled = str(BUNDLED.relative_to(ROOT))
+    ap.add_argument("--model", default=bundled, help="calibrated CIFAR-10 checkpoint for the far and photo protocols")
     ap.add_argument("--open-model", type=Path, default=Path("runs") / OPEN_RECIPE, help="the open-set model's folder")
     ap.add_argument(
         "--protocols", nargs="+", choices=("open-set", "far", "photos"), default=["open-set", "far", "photos"]

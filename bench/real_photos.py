@@ -1,8 +1,9 @@
 """Real-photo check: how a CIFAR-10 model does on freely licensed photos of its ten classes.
 
-    python -m bench.real_photos --model models/cifar10_hybrid_pool            # plain and flip-TTA accuracy
-    python -m bench.real_photos --model models/cifar10_hybrid_pool --tta         # per-image table with flip TTA
-    python -m bench.real_photos --model models/cifar10_hybrid_pool --compare     # eval-crop variants side by side
+    python -m bench.real_photos                  # the bundled model: plain and flip-TTA accuracy
+    python -m bench.real_photos --model FOLDER   # another checkpoint folder or Hub id
+    python -m bench.real_photos --tta            # per-image table with flip TTA
+    python -m bench.real_photos --compare        # eval-crop variants side by side
 
 The photos live in ``bench/real_photos/<class>/*.jpg`` (sources and licences in ``SOURCES.md`` there), one
 folder per CIFAR-10 class, at most 256 px on the long side. Each photo is opened with
@@ -37,6 +38,7 @@ from PIL import Image
 
 import vit_core
 from vit_core.data import build_transform, load_image
+from webapp.catalog import BUNDLED, ROOT
 
 PHOTOS = Path(__file__).resolve().parent / "real_photos"
 CIFAR10 = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -153,7 +155,7 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="models/cifar10_hybrid_pool", help="checkpoint folder or Hub id")
+    ap.add_argument("--model", default=str(BUNDLED.relative_to(ROOT)), help="checkpoint folder or Hub id")
     ap.add_argument("--photos", type=Path, default=PHOTOS, help="folder of <class>/<image> files")
     ap.add_argument("--tta", action="store_true", help="per-image table with horizontal-flip averaging")
     ap.add_argument("--compare", action="store_true", help="also other eval crops (see the module docstring)")

@@ -2,7 +2,6 @@
 and the app's example photos, and carries the calibration its card reports."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +11,8 @@ from train import load_recipe
 from vit_core.calibration import expected_calibration_error, predict
 from vit_core.data import build_dataset, build_transform, default_data_root, load_image
 from vit_core.recipe import Recipe
-
-ROOT = Path(__file__).resolve().parents[1]
-BUNDLE = ROOT / "models" / "cifar10_hybrid_pool"
+from webapp.catalog import BUNDLED as BUNDLE
+from webapp.catalog import ROOT
 
 
 def test_bundle_is_small_and_is_the_recipes_model():

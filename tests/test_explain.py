@@ -10,7 +10,6 @@ covariance; deletion/insertion as an explicit loop over images and steps.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ from vit_core import explain, faithfulness, figures, inspection
 from vit_core.config import TIMM_MODEL_ARGS
 from vit_core.data import build_dataset, build_transform, default_data_root
 from vit_core.model import VisionTransformer, resample_pos_embed
+from webapp.catalog import BUNDLED as BUNDLE
 
 # ---------------------------------------------------------------------------------- fixtures
 
@@ -766,9 +766,6 @@ def test_gaussian_blur_matches_torchvision_at_small_sigma():
     s = 5 * 32 / 224
     want = TF.gaussian_blur(x, kernel_size=2 * math.ceil(3 * s) + 1, sigma=s)
     torch.testing.assert_close(faithfulness.gaussian_blur(x, s / 32), want, rtol=1e-5, atol=1e-5)
-
-
-BUNDLE = Path(__file__).resolve().parents[1] / "models" / "cifar10_hybrid_pool"
 
 
 @pytest.mark.skipif(not (default_data_root() / "cifar10").is_dir(), reason="CIFAR-10 not found under VIT_DATA")

@@ -23,8 +23,7 @@ from torch import nn
 import vit_core
 from vit_core import explain, faithfulness, lrp
 from vit_core.data import build_dataset, build_transform, default_data_root
-
-BUNDLE = "models/cifar10_hybrid_pool"
+from webapp.catalog import BUNDLED as BUNDLE
 
 KINDS = {
     "token": {},

@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from . import hub
 from .checkpoint import CheckpointError
+from .cnn import create_cnn, is_cnn
 from .data import (
     ImageTransform,
     InMemoryImageDataset,
@@ -82,11 +83,19 @@ def build_network(
     """What the optimizer trains: ``init`` with a new zero-initialised head for ``classes`` (the paper's
     fine-tuning), or a model from scratch initialised as ``weight_init`` says, its whitening filters (a conv
     stem's ``stem_whiten``) computed from ``train_set``; wrapped for masked patch prediction when
-    ``task='mpp'``. Seeded with the recipe's seed, so every process builds the same weights."""
+    ``task='mpp'``; or a timm CNN baseline (``vit_core.cnn``) with timm's initialisation. Seeded with the
+    recipe's seed, so every process builds the same weights."""
     seed_all(recipe.seed)
     if init is not None:
         init.reset_classifier(len(classes or ()), classes)
         model = init.train()
+    elif is_cnn(recipe.model):
+        cfg = recipe.scratch_config(classes)
+        try:
+            channels = recipe.model_args.get("channels")
+            model = create_cnn(recipe.model, cfg.num_classes, cfg.in_chans, cfg.img_hw, channels)
+        except ValueError as e:
+            raise RecipeError(str(e)) from None
     else:
         model = VisionTransformer(recipe.scratch_config(classes))
         model.init_weights(recipe.weight_init)

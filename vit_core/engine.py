@@ -60,7 +60,7 @@ class TrainResult:
     """What :func:`train` returns: the trained model (the EMA weights when ``ema_decay`` is set; for
     ``task='mpp'`` the bare ViT), as saved in the run folder, and the per-epoch metrics."""
 
-    model: VisionTransformer
+    model: nn.Module  # a VisionTransformer, or a CNN baseline (vit_core.cnn)
     history: list[dict[str, Any]]
 
 
@@ -120,7 +120,7 @@ class _Run:
         self.net = build_network(recipe, init, self.classes, train_set).to(procs.device)
         if recipe.channels_last:  # convolutions then run in NHWC whatever the input's layout
             self.net = self.net.to(memory_format=torch.channels_last)
-        self.model: VisionTransformer = self.net.vit if self.mpp else self.net
+        self.model: nn.Module = self.net.vit if self.mpp else self.net
         seed_all(recipe.seed + procs.rank)  # the same weights everywhere; one augmentation stream per process
 
         where = dict(rank=procs.rank, world=procs.world, workers=recipe.workers)
@@ -150,9 +150,10 @@ class _Run:
             self.forward = torch.compile(self.forward)
         if procs.main:
             self._prepare_folder(resume)
+            params = sum(p.numel() for p in self.model.parameters())
             print(
                 f"{recipe.task} {recipe.data}: {len(train_set)} train / {len(test_set)} test images, "
-                f"{self.model.num_params():,} parameters, {procs.world} process(es) on {procs.device}",
+                f"{params:,} parameters, {procs.world} process(es) on {procs.device}",
                 flush=True,
             )
 
@@ -186,7 +187,8 @@ class _Run:
         """Clean up after a killed run; on resume, rewrite the files a kill left behind the checkpoint."""
         run_folder.prepare(self.out, fresh=not resume)
         run_folder.write_json(self.out / run_folder.RECIPE_NAME, self.recipe.to_dict())
-        stale = run_folder.stale_files(self.out, self.start_epoch) if resume else []
+        weights = isinstance(self.model, VisionTransformer)  # a CNN baseline's are in the checkpoint only
+        stale = run_folder.stale_files(self.out, self.start_epoch, weights=weights) if resume else []
         if stale:
             print(
                 f"{self.out}: {', '.join(stale)} did not hold epoch {self.start_epoch} of {run_folder.CHECKPOINT_NAME} "
@@ -258,7 +260,7 @@ class _Run:
             row |= {"ema_test_loss": ev["loss"], "ema_test_top1": ev["top1"], "ema_test_top5": ev["top5"]}
         return row
 
-    def exported(self) -> VisionTransformer:
+    def exported(self) -> nn.Module:
         """The model the run folder holds: the EMA weights if any; for mpp, the ViT without the wrapper."""
         net = self.ema.module if self.ema is not None else self.net
         return net.vit if self.mpp else net
@@ -288,7 +290,9 @@ class _Run:
 
     def _commit(self, epochs_done: int, state: dict[str, Any] | None) -> None:
         curves = training_curves_figure(self.history)
-        run_folder.commit_epoch(self.out, epochs_done, state, self.exported(), self.history, curves)
+        model = self.exported()
+        model = model if isinstance(model, VisionTransformer) else None  # a CNN baseline: no files for the app
+        run_folder.commit_epoch(self.out, epochs_done, state, model, self.history, curves)
 
 
 class _Progress:

@@ -1,5 +1,5 @@
 """Pictures of explanations and results, as PIL images: heatmap overlays, the paper's figure 7 panels,
-training curves, confusion matrices and reliability diagrams.
+training curves, confusion matrices, reliability diagrams and the accuracy-against-compute plot (figure 5).
 
 Computation lives in ``vit_core.explain``; this module only draws. Plots use matplotlib's object API
 (``matplotlib.figure.Figure`` on an Agg canvas), so no GUI backend or global pyplot state is involved
@@ -224,4 +224,23 @@ def reliability_figure(curves: dict[str, dict[str, list]], title: str = "") -> I
     ax.set_title(title, fontsize=9)
     ax_n.set_xlabel("confidence (top probability)")
     ax_n.set_ylabel("share of images")
+    return _render(fig)
+
+
+def compute_figure(points: Sequence[dict]) -> Image.Image:
+    """The paper's figure 5 at small scale: test accuracy against training minutes (log scale), one line per
+    model family through its budgets (``points``: dicts with family, minutes, top1, epochs)."""
+    fig = Figure(figsize=(7, 4.5), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    for family in sorted({p["family"] for p in points}):
+        pts = sorted((p for p in points if p["family"] == family), key=lambda p: p["minutes"])
+        ax.plot([p["minutes"] for p in pts], [p["top1"] for p in pts], marker="o", label=family)
+        for p in pts:
+            ax.annotate(f"{p['epochs']} ep", (p["minutes"], p["top1"]), textcoords="offset points", xytext=(4, -10))
+    ax.set_xscale("log")
+    ax.set_xlabel("training minutes on a 2-core CPU (log scale)")
+    ax.set_ylabel("CIFAR-10 test top-1 (%)")
+    ax.set_title("Accuracy against training compute (Dosovitskiy et al., figure 5, at small scale)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
     return _render(fig)

@@ -15,6 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cnn import is_cnn
 from .config import ViTConfig, get_config
 from .data import check_augment
 
@@ -28,7 +29,9 @@ class Recipe:
     """Everything a training run depends on. Recipe files and ``--set key=value`` fill these fields."""
 
     # --- the model
-    model: str | None = None  # registry name (vit_core.list_models()); None: ViTConfig's defaults
+    # registry name (vit_core.list_models()); None: ViTConfig's defaults; "timm:<name>": a timm ResNet from
+    # scratch, a baseline for comparisons (vit_core.cnn; its model_args: CNN_INPUT_FIELDS and "channels")
+    model: str | None = None
     model_args: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields, e.g. depth, drop_path_rate
     weight_init: str = "timm"  # from scratch: "timm" (trunc. normal .02) or "jax" (Xavier; model.init_weights)
     init: str | None = None  # fine-tune from a checkpoint: run folder, Hub id or timm:<name>; new zero head
@@ -99,7 +102,10 @@ class Recipe:
 
     def scratch_config(self, classes: list[str] | None) -> ViTConfig:
         """The config of a model trained from scratch: ``model`` (a registry name, or ViTConfig's defaults)
-        with ``model_args``, and a head for ``classes`` (None: no head, for pre-training)."""
+        with ``model_args``, and a head for ``classes`` (None: no head, for pre-training). For a timm CNN
+        (``model="timm:<name>"``) only its input fields and head mean anything: what preprocessing reads."""
+        if is_cnn(self.model):
+            return self._cnn_input_config(classes)
         try:
             base = get_config(self.model) if self.model else ViTConfig()
             return base.replace(**self.model_args, num_classes=len(classes or ()), label_names=classes)
@@ -109,6 +115,26 @@ class Recipe:
             derived = ("num_classes", "label_names")
             valid = ", ".join(f.name for f in dataclasses.fields(ViTConfig) if f.name not in derived)
             raise RecipeError(f"model_args: {e}; valid fields: {valid}") from None
+        except ValueError as e:
+            raise RecipeError(f"model_args: {e}") from None
+
+    def _cnn_input_config(self, classes: list[str] | None) -> ViTConfig:
+        """A timm CNN's input and head as a config (patch size 1 takes any input size): its ``model_args`` are
+        ``CNN_INPUT_FIELDS`` and ``channels``, the widths of its stages."""
+        args = dict(self.model_args)
+        channels = args.pop("channels", None)
+        extra = sorted(set(args) - CNN_INPUT_FIELDS)
+        if extra:
+            raise RecipeError(
+                f"model_args {', '.join(extra)}: a timm CNN takes its input ({', '.join(sorted(CNN_INPUT_FIELDS))}) "
+                "and channels"
+            )
+        if channels is not None and not (
+            isinstance(channels, list | tuple) and channels and all(type(c) is int and c > 0 for c in channels)
+        ):
+            raise RecipeError(f"model_args channels must be a list of positive stage widths, got {channels!r}")
+        try:
+            return ViTConfig(patch_size=1, **args, num_classes=len(classes or ()), label_names=classes)
         except ValueError as e:
             raise RecipeError(f"model_args: {e}") from None
 
@@ -150,6 +176,8 @@ class Recipe:
         derived = sorted({"num_classes", "label_names"} & set(self.model_args))
         if derived:
             problems.append(f"model_args {', '.join(derived)} come from the data's classes; remove them")
+        if is_cnn(self.model) and (self.task != "classify" or self.stem_optimizer is not None):
+            problems.append(f"{self.model} is a CNN baseline: task='classify' only, and no stem_optimizer")
         if self.task == "mpp" and (self.mixup or self.cutmix or self.label_smoothing):
             problems.append("mixup, cutmix and label_smoothing apply to classification, not task='mpp'")
         problems += _subset_problems(self.train_subset, self.eval_subset)
@@ -169,6 +197,9 @@ class Recipe:
         if self.init is None:  # a fine-tuned model's config comes from its checkpoint, checked when loaded
             self.scratch_config(None)
 
+
+# What model_args may hold for a timm CNN: its input, as the data pipeline reads it (ViTConfig.pretrained_cfg).
+CNN_INPUT_FIELDS = frozenset({"img_size", "in_chans", "mean", "std", "interpolation", "crop_pct", "crop_mode"})
 
 # Keys that only say how to run, not what is computed (up to float rounding): a resumed run may change them.
 RUNTIME_KEYS = frozenset({"device", "compile", "channels_last", "grad_checkpointing", "workers", "eval_batch_size"})

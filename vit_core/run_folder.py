@@ -4,7 +4,8 @@ files are committed so that a kill at any moment leaves a folder that a resume c
     recipe.json        the resolved recipe, written when the run starts
     checkpoint.pt      the full training state after the last finished epoch: the commit record
     model.safetensors  the exported model (its header records the epoch) and
-    config.json        its config: ``vit_core.from_pretrained(run)`` loads the pair
+    config.json        its config: ``vit_core.from_pretrained(run)`` loads the pair (a ViT's; a CNN baseline's
+                       weights, ``vit_core.cnn``, are in checkpoint.pt only)
     metrics.jsonl      one line per epoch
     curves.png         training curves (its text chunk records the epoch)
     ood.safetensors    OOD statistics, written with config.json's calibration by ``python -m train calibrate``
@@ -142,36 +143,44 @@ def commit_epoch(
     out: Path,
     epoch: int,
     state: dict[str, Any] | None,
-    model: VisionTransformer,
+    model: VisionTransformer | None,
     history: list[dict],
     curves: Image.Image,
 ) -> None:
     """Commit the files of ``epoch``: ``checkpoint.pt`` (the training ``state``; None: keep the one there,
-    to rewrite the files that are behind it), then the model, its config, the metrics and the ``curves``."""
-    weights = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    config = json.dumps(config_to_dict(model.config), indent=2) + "\n"
+    to rewrite the files that are behind it), then the model and its config (None: a CNN baseline, whose
+    weights only the checkpoint holds), the metrics and the ``curves``."""
     metrics = "".join(json.dumps(row) + "\n" for row in history)
     png_text = PngImagePlugin.PngInfo()
     png_text.add_text("epoch", str(epoch))
     files: dict[str, Writer] = {} if state is None else {CHECKPOINT_NAME: lambda f: torch.save(state, f)}
+    if model is not None:
+        weights = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        config = json.dumps(config_to_dict(model.config), indent=2) + "\n"
+        files |= {
+            WEIGHTS_NAME: lambda f: f.write(safetensors_bytes(weights, metadata={"format": "pt", "epoch": str(epoch)})),
+            CONFIG_NAME: lambda f: f.write(config.encode()),
+        }
     files |= {
-        WEIGHTS_NAME: lambda f: f.write(safetensors_bytes(weights, metadata={"format": "pt", "epoch": str(epoch)})),
-        CONFIG_NAME: lambda f: f.write(config.encode()),
         METRICS_NAME: lambda f: f.write(metrics.encode()),
         CURVES_NAME: lambda f: curves.save(f, format="PNG", pnginfo=png_text),
     }
     commit(out, files)
 
 
-def stale_files(out: Path, epoch: int) -> list[str]:
+def stale_files(out: Path, epoch: int, *, weights: bool = True) -> list[str]:
     """The files of ``out`` that do not hold ``epoch`` (the checkpoint's): missing, unreadable, or left one
-    epoch behind by a kill between the renames of a commit."""
+    epoch behind by a kill between the renames of a commit. ``weights=False``: a run without model files (a
+    CNN baseline)."""
     found = {
-        WEIGHTS_NAME: _weights_epoch(out / WEIGHTS_NAME),
-        CONFIG_NAME: epoch if (out / CONFIG_NAME).is_file() else None,  # the same every epoch
         METRICS_NAME: _metrics_epoch(out / METRICS_NAME),
         CURVES_NAME: _curves_epoch(out / CURVES_NAME),
     }
+    if weights:
+        found |= {
+            WEIGHTS_NAME: _weights_epoch(out / WEIGHTS_NAME),
+            CONFIG_NAME: epoch if (out / CONFIG_NAME).is_file() else None,  # the same every epoch
+        }
     return [name for name, e in found.items() if e != epoch]
 
 
