@@ -12,7 +12,7 @@ from vit_core.calibration import expected_calibration_error, predict
 from vit_core.data import build_dataset, build_transform, default_data_root, load_image
 from vit_core.recipe import Recipe
 from webapp.catalog import BUNDLED as BUNDLE
-from webapp.catalog import ROOT
+from webapp.catalog import BUNDLED_RECIPES, ROOT
 
 
 def test_bundle_is_small_and_is_the_recipes_model():
@@ -20,12 +20,13 @@ def test_bundle_is_small_and_is_the_recipes_model():
     model = vit_core.from_pretrained(BUNDLE)
     assert model.label_names == json.loads((BUNDLE / "config.json").read_text())["label_names"]
     assert len(model.label_names) == 10
-    # two stages: cifar10_hybrid_pool builds and trains the model, cifar10_hybrid_pool_finetune continues from it
-    stage1, stage2 = (json.loads((BUNDLE / f).read_text()) for f in ("stage1_recipe.json", "recipe.json"))
-    # (read back through Recipe: recipe keys added since, such as classes, take their defaults)
-    assert Recipe.from_dict(stage1).to_dict() == Recipe.from_dict(load_recipe("cifar10_hybrid_pool")).to_dict()
-    assert Recipe.from_dict(stage2).to_dict() == Recipe.from_dict(load_recipe("cifar10_hybrid_pool_finetune")).to_dict()
-    assert model.config.stem_channels == tuple(stage1["model_args"]["stem_channels"])
+    # the recipes that trained it, in order (a later stage continues from the earlier one's model)
+    files = [f"stage{i}_recipe.json" for i in range(1, len(BUNDLED_RECIPES))] + ["recipe.json"]
+    stages = [json.loads((BUNDLE / f).read_text()) for f in files]
+    for stage, name in zip(stages, BUNDLED_RECIPES, strict=True):
+        # (read back through Recipe: recipe keys added since, such as classes, take their defaults)
+        assert Recipe.from_dict(stage).to_dict() == Recipe.from_dict(load_recipe(name)).to_dict()
+    assert model.config.stem_channels == tuple(stages[0]["model_args"]["stem_channels"])
     assert model.config.grid_size == (8, 8)
 
 
@@ -64,7 +65,7 @@ def test_bundle_is_calibrated_as_its_eval_reports():
     model = vit_core.from_pretrained(BUNDLE).eval()
     cal = model.calibration
     assert cal is not None and cal.temperature is not None and cal.tta == "flip" and "seen" not in cal.fitted_on
-    assert load_recipe("cifar10_hybrid_pool")["train_subset"] == [0, 45000] and "[45000, 50000)" in cal.fitted_on
+    assert load_recipe(BUNDLED_RECIPES[0])["train_subset"] == [0, 45000] and "[45000, 50000)" in cal.fitted_on
     assert cal.ood is not None and cal.ood.score == "mahalanobis" and cal.ood.keep == 0.90
     test = build_dataset("cifar10", "test", transform=build_transform(model.pretrained_cfg))
     idx = torch.arange(0, 10000, 5)
