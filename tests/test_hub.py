@@ -399,6 +399,24 @@ def test_cli_dry_run_prints_the_card_and_uploads_nothing(hub, run_dir, capsys):
 # ------------------------------------------------------------------------------------ model card
 
 
+def test_model_card_of_a_conv_stem_hybrid_does_not_promise_timm(tmp_path):
+    """timm has no conv-stem ViT: loading such a checkpoint in timm fails, so its card names vit_core as the
+    library, drops the timm tag and usage, and says why; a plain ViT's card keeps them."""
+    model = _model(patch_size=1, stem_channels=(16, 32), stem_strides=(2, 2))
+    vit_core.save_pretrained(model, tmp_path / "hybrid")
+    with pytest.raises((AttributeError, RuntimeError)):  # the independent check: timm cannot build or fill it
+        timm.create_model(f"local-dir:{tmp_path / 'hybrid'}", pretrained=True)
+    _, text = prepare_upload(tmp_path / "hybrid", "alice/conv-hybrid")
+    data = ModelCard(text).data
+    assert data.library_name == "vit_core" and "timm" not in data.tags
+    assert "hf-hub:alice/conv-hybrid" not in text and "timm has no conv-stem ViT" in text
+    assert "conv stem of widths [16, 32]" in text and "a token per 4x4 pixels" in text
+    vit_core.save_pretrained(_model(), tmp_path / "plain")
+    timm.create_model(f"local-dir:{tmp_path / 'plain'}", pretrained=True)  # loads
+    _, text = prepare_upload(tmp_path / "plain", "alice/plain")
+    assert ModelCard(text).data.library_name == "timm" and "hf-hub:alice/plain" in text
+
+
 def test_model_card_metadata_validates_and_carries_the_run(run_dir):
     files, text = prepare_upload(run_dir, "alice/cifar-vit")
     card = ModelCard(text)  # parses the YAML front matter and its model-index

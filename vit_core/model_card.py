@@ -202,6 +202,11 @@ def _count_params(path: Path) -> int:
 def describe(cfg: ViTConfig) -> str:
     """The paper's notation for the variant: 'ViT-B/16', 'R50+ViT-B/16', or the shape spelled out."""
     size = size_name(cfg)
+    if cfg.stem_channels:
+        return (
+            f"Hybrid ViT (a conv stem of widths {list(cfg.stem_channels)}, then {cfg.depth} layers of width "
+            f"{cfg.embed_dim}, {cfg.num_heads} heads; a token per {cfg.feature_stride}x{cfg.feature_stride} pixels)"
+        )
     if size is None:
         return f"ViT with {cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, patch {cfg.feature_stride}"
     if cfg.backbone_layers:
@@ -245,10 +250,11 @@ def render_model_card(
                 metric_value=row[key],
             )
         ]
+    timm_loads = not cfg.stem_channels  # timm has no conv-stem ViT
     data = ModelCardData(
-        library_name="timm",
+        library_name="timm" if timm_loads else "vit_core",
         license=license,
-        tags=TAGS,
+        tags=TAGS if timm_loads else [t for t in TAGS if t != "timm"],
         pipeline_tag="image-classification" if cfg.num_classes else "image-feature-extraction",
         datasets=[dataset_id] if dataset_id else None,
         metrics=["accuracy"] if final else None,
@@ -268,7 +274,12 @@ def render_model_card(
         f"# {name}\n",
         f"{describe(cfg)}{params}: a Vision Transformer (Dosovitskiy et al., ICLR 2021){trained} with vit_core. "
         f"Input {h}x{w} with {cfg.in_chans} channel(s), normalised with mean {list(cfg.mean)} and std "
-        f"{list(cfg.std)}; {pool}. `config.json` is in timm's layout, so both vit_core and timm load this repo.\n",
+        f"{list(cfg.std)}; {pool}. "
+        + (
+            "`config.json` is in timm's layout, so both vit_core and timm load this repo.\n"
+            if timm_loads
+            else "Load it with vit_core: timm has no conv-stem ViT and cannot load it.\n"
+        ),
     ]
     if metrics:
         key, row = final or (None, metrics[-1])
@@ -345,6 +356,20 @@ def _usage(cfg: ViTConfig, repo_id: str) -> str:
         if cfg.representation_size
         else ""
     )
+    timm_usage = f"""
+With timm:
+
+```python
+import timm
+import torch
+from PIL import Image
+
+model = timm.create_model("hf-hub:{repo_id}", pretrained=True).eval()
+transform = timm.data.create_transform(**timm.data.resolve_data_config({{}}, model=model))
+with torch.no_grad():
+    probs = model(transform(Image.open("image.png"){mode}).unsqueeze(0)).softmax(-1)
+```
+{timm_note}"""
     return f"""## Usage
 
 With vit_core:
@@ -361,17 +386,4 @@ with torch.no_grad():
     probs = model(x).softmax(-1)
 print(model.label_names[probs.argmax()] if model.label_names else probs.argmax().item())
 ```
-
-With timm:
-
-```python
-import timm
-import torch
-from PIL import Image
-
-model = timm.create_model("hf-hub:{repo_id}", pretrained=True).eval()
-transform = timm.data.create_transform(**timm.data.resolve_data_config({{}}, model=model))
-with torch.no_grad():
-    probs = model(transform(Image.open("image.png"){mode}).unsqueeze(0)).softmax(-1)
-```
-{timm_note}"""
+{timm_usage if not cfg.stem_channels else ""}"""
