@@ -15,6 +15,7 @@ import torch
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 from PIL import Image
 
 OVERLAY_ROWS = 64  # rows ``overlay`` blends at a time
@@ -238,6 +239,9 @@ def compute_figure(points: Sequence[dict]) -> Image.Image:
         for p in pts:
             ax.annotate(f"{p['epochs']} ep", (p["minutes"], p["top1"]), textcoords="offset points", xytext=(4, -10))
     ax.set_xscale("log")
+    minutes = FuncFormatter(lambda v, _: f"{v:g}")  # 3, 4, 5, not 3x10^0
+    ax.xaxis.set_major_formatter(minutes)
+    ax.xaxis.set_minor_formatter(minutes)
     ax.set_xlabel("training minutes on a 2-core CPU (log scale)")
     ax.set_ylabel("CIFAR-10 test top-1 (%)")
     ax.set_title("Accuracy against training compute (Dosovitskiy et al., figure 5, at small scale)")
