@@ -30,6 +30,7 @@ import numpy as np
 from train import load_recipe, override
 from vit_core import engine, figures
 from vit_core.checkpoint import atomic_write
+from vit_core.recipe import Recipe
 from webapp.catalog import ROOT
 
 # family -> (recipe, epochs at each budget): about 5, 10 and 20 training minutes each on the 2-core CPU
@@ -46,7 +47,8 @@ RUNS = ROOT / "runs" / "figure5"
 def budget_recipe(name: str, epochs: int) -> dict:
     """``name``'s recipe shortened to ``epochs``: its warmup scaled with it, images 0-44,999, every test image."""
     base = load_recipe(name)
-    share = base.get("warmup_epochs", 0.0) / base.get("epochs", 10)
+    defaults = Recipe.from_dict(base)  # the recipe's epochs and warmup, or Recipe's defaults for them
+    share = defaults.warmup_epochs / defaults.epochs
     changes = dict(epochs=epochs, warmup_epochs=round(share * epochs, 4), train_subset=[0, 45000], eval_subset=None)
     return override(base, changes)
 

@@ -10,21 +10,13 @@ import torch
 from PIL import Image
 
 from bench import figure5
-from tests.test_engine import make_image_folder
+from tests.test_engine import make_image_folder, one_thread  # noqa: F401 (an autouse fixture: one thread here too)
 from train import load_recipe
 from vit_core import engine
 from vit_core.builders import build_network
 from vit_core.cnn import create_cnn
 from vit_core.recipe import Recipe, RecipeError
 from vit_core.run_folder import CHECKPOINT_NAME, CONFIG_NAME, METRICS_NAME, WEIGHTS_NAME
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _stage_sizes(net: torch.nn.Module, size: int) -> list[tuple[int, int, int]]:
@@ -134,5 +126,5 @@ def test_figure5_budget_recipes_keep_the_warmup_share():
         for epochs in budgets:
             r = Recipe.from_dict(figure5.budget_recipe(name, epochs))
             assert r.epochs == epochs and r.train_subset == [0, 45000] and r.eval_subset is None
-            share = base.get("warmup_epochs", 0.0) / base["epochs"]
+            share = base.get("warmup_epochs", 0.0) / base["epochs"]  # every family's recipe sets its epochs
             assert r.warmup_epochs == pytest.approx(share * epochs, abs=1e-4)
