@@ -10,8 +10,8 @@ Starts the app on 127.0.0.1 and times, through ``gradio_client`` (request to fil
 - explorer click: ``/explore`` at another point, what a click on a patch computes (cached; the click also
   redraws the picture clicked on);
 
-all with attention rollout (the explorer's own map; RISE, the default, costs hundreds of forward passes),
-and prints their medians and the ratios of the re-render and the click to a plain classify (target <= 1.5).
+all with attention rollout (the explorer's own map), and prints their medians and the ratios of the re-render
+and the click to a plain classify (target <= 1.5).
 Then the same in-process, without HTTP: what the page's handlers compute (``classify``; for a click, ``point``,
 the click to image pixels, then ``redraw``, which also redraws the picture clicked on, with the patch outlined).
 """

@@ -70,8 +70,9 @@ def run_point(family: str, name: str, epochs: int) -> dict:
     metrics = out / "metrics.jsonl"
     history = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     if len(history) < epochs:
+        # the folder is this bench's own: a run killed before its first epoch ended starts again
         resume = (out / "checkpoint.pt").is_file()
-        history = engine.train(budget_recipe(name, epochs), out, resume=resume).history
+        history = engine.train(budget_recipe(name, epochs), out, resume=resume, overwrite=not resume).history
     return point(family, name, epochs, history)
 
 

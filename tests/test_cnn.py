@@ -94,6 +94,28 @@ def test_cnn_run_trains_resumes_and_writes_no_app_files(tmp_path):
     assert len((tmp_path / "sliced" / METRICS_NAME).read_text().splitlines()) == 3
 
 
+def test_figure5_runs_a_budget_again_after_a_kill_before_its_first_epoch(tmp_path, monkeypatch):
+    """A figure-5 run killed before its first epoch ended leaves a folder with only its recipe: the bench starts
+    that run again (the folder is its own), where ``python -m train`` would ask for --overwrite."""
+    data = make_image_folder(tmp_path / "data", size=16)
+    tiny = dict(
+        model="timm:resnet18",
+        model_args=dict(img_size=16, channels=[8, 8, 8, 8], crop_pct=1.0),
+        data=str(data),
+        augment=dict(crop="none", hflip=False),
+        batch_size=8,
+        device="cpu",
+    )
+    monkeypatch.setattr(figure5, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(figure5, "budget_recipe", lambda name, epochs: tiny | dict(epochs=epochs))
+    killed = tmp_path / "runs" / "tiny_1ep"
+    killed.mkdir(parents=True)
+    (killed / "recipe.json").write_text(json.dumps(tiny | dict(epochs=1)))
+    p = figure5.run_point("ResNet", "tiny", 1)
+    assert p["epochs"] == 1 and p["minutes"] > 0 and (killed / CHECKPOINT_NAME).is_file()
+    assert figure5.run_point("ResNet", "tiny", 1) == p  # finished: read back, not trained again
+
+
 def _pt(family, minutes, top1, epochs=1):
     return {"family": family, "recipe": family, "epochs": epochs, "minutes": minutes, "top1": top1}
 

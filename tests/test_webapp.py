@@ -76,18 +76,18 @@ def test_cached_maps_are_the_librarys_maps(tmp_path, kind):
     assert list(a.maps) == [("gradient", 2), ("rise", 1)]
 
 
-def test_rise_is_the_default_within_the_budget_and_refused_over_it(tmp_path, monkeypatch):
-    """RISE costs explain.RISE_MASKS forward passes: the default where that fits the server's budget; over
-    it, gradient rollout is the default and a RISE request is refused with the cost and the alternatives."""
+def test_rise_runs_within_the_budget_and_is_refused_over_it(tmp_path, monkeypatch):
+    """RISE costs explain.RISE_MASKS forward passes: drawn where that fits the server's budget; over it, a RISE
+    request is refused with the cost and the alternatives, the default (AttnLRP, one backward pass) first."""
     a = _analysis(tmp_path, "token")
     cost = explain.RISE_MASKS * vit_core.cost.forward_flops(a.model.config)
     assert methods.RISE.cost.flops(a.model.config) == cost
-    assert settings.default_method(a.model, CPU) is methods.RISE
+    assert settings.affordable(methods.RISE, a.model, CPU) and Settings().method is settings.DEFAULT_METHOD
     seen = []
     analysis.relevance(a, Settings(method=methods.RISE), CPU, lambda f, desc: seen.append((f, desc)))
     assert seen[-1] == (1.0, "RISE: masked images")
     monkeypatch.setitem(settings.MAP_BUDGET, "cpu", cost - 1)
-    assert settings.default_method(a.model, CPU) is methods.ATTNLRP  # one backward pass: the default without RISE
+    assert not settings.affordable(methods.RISE, a.model, CPU)
     with pytest.raises(ValueError, match=f"RISE needs {explain.RISE_MASKS} forward passes .* choose AttnLRP"):
         analysis.relevance(a, Settings(method=methods.RISE, target=3), CPU)
     scored = comparison.compare(a, Settings(), CPU, lambda f, desc: None)
@@ -557,7 +557,8 @@ def test_inspect_says_the_measured_accuracy_and_the_training_in_words(tmp_path):
     last = json.loads((bundled / "metrics.jsonl").read_text().splitlines()[-1])
     training = model_info.training_summary(bundled)
     assert training.startswith(f"{last['epoch']} epochs in ")
-    assert f"{last['ema_test_top1']:.2f}% on the 2,000 test images checked each epoch" in training
+    top1 = last.get("ema_test_top1", last["test_top1"])  # the weight average's when there is one
+    assert f"{top1:.2f}% on the 2,000 test images checked each epoch" in training
     assert "lr" not in training.split() and "train_top1" not in training
 
     run = tmp_path / "run"
@@ -568,6 +569,10 @@ def test_inspect_says_the_measured_accuracy_and_the_training_in_words(tmp_path):
     assert model_info.training_summary(tmp_path) is None  # no metrics
     summary = model_info.summary(_model(), run)
     assert "| Accuracy (measured) | not measured" in summary and "| Training | 1 epoch;" in summary
+    (run / "metrics.jsonl").write_text('{"epoch": 2, "test_top1": 31.5, "ema_test_top1": 33.0}\n')
+    assert model_info.training_summary(run) == (
+        "2 epochs; last epoch: 33.00% on the test split (the weight average, as exported)."
+    )
 
 
 @pytest.mark.parametrize(

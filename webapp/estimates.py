@@ -40,7 +40,7 @@ from . import batch
 from .admission import MB
 from .analysis import MAX_PIXELS, MAX_SIDE, needed_side
 from .comparison import COMPARE_STEPS
-from .settings import affordable, default_method
+from .settings import DEFAULT_METHOD, affordable
 
 REQUEST_BYTES = 48 * MB  # Gradio's side of a request, and a margin
 # Drawing, per pixel of the reduced image: the overlay at its size and its encoding (classify), the explorer's
@@ -136,7 +136,7 @@ class Costs:
             work_bytes = 0
             if model is not None:
                 device = self.device()
-                method = _method(arguments) or default_method(model, device)
+                method = _method(arguments) or DEFAULT_METHOD
                 work_bytes = model_bytes(model.config, work, method, device)
             return REQUEST_BYTES + image_bytes(header, transform, work, work_bytes)
 

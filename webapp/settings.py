@@ -2,9 +2,9 @@
 
 Requests are untrusted: ``parse_settings`` turns a request's raw values into ``Settings`` or a ``ValueError``
 that names the bad value and the valid range. The methods are ``vit_core.methods``'s table; this server runs
-a method that needs no forward pass beyond the prediction's (the attention maps; gradient rollout's backward
-pass) for every model it loads, and one of many forward passes (RISE) when they fit ``MAP_BUDGET``
-(``affordable``); the default method is the first of ``DEFAULT_METHODS`` it runs.
+a method that needs no forward pass beyond the prediction's (the attention maps; a backward pass) for every
+model it loads, and one of many forward passes (RISE) when they fit ``MAP_BUDGET`` (``affordable``); the
+default method, ``DEFAULT_METHOD``, is one it always runs.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from vit_core.methods import Method
 
 from .errors import quote
 
-# What the forward passes of one map may cost (RISE: explain.RISE_MASKS of them), in FLOPs: 1.5 s measured on a
-# 2-core CPU (the bundled model: 500 x 0.26 GFLOP); on a GPU, ViT-L/16 at 384 px fits.
-MAP_BUDGET = {"cpu": 2e11, "cuda": 2e14}
-# The default map, the first of these the budget allows (bench/results/explain_cifar10_hybrid_pool.md, 300 images):
-# RISE beats the centre-Gaussian baseline by the most on the bundled model; AttnLRP, one backward pass (1/74 of
-# RISE's cost there), matches it within one standard error on deletion and blur insertion, 2 SE lower on mean-fill
-# insertion, first on ROAD's LeRF: the default wherever RISE's forward passes do not fit.
-DEFAULT_METHODS = ("rise", "attnlrp")
+# What the forward passes of one map may cost (RISE: explain.RISE_MASKS of them), in FLOPs: the bundled model's
+# RISE (500 x 0.50 GFLOP) measured 1.0 s a map on a 2-core CPU; on a GPU, ViT-L/16 at 384 px fits.
+MAP_BUDGET = {"cpu": 3e11, "cuda": 2e14}
+# The default map (bench/results/explain_cifar10_speedrun.md, 300 images): on the bundled model AttnLRP, one
+# backward pass (1/43 of RISE's time there, 2 cores), scores better than RISE on all six deletion, insertion
+# and ROAD scores, by 1.5-6 paired standard errors, and is the only map that beats the centre-Gaussian baseline under
+# all three ways of removing pixels; on the previous bundle it was within 2.1 standard errors of RISE on each.
+DEFAULT_METHOD = methods.ATTNLRP
 PREDICTED = "(predicted class)"
 
 
@@ -40,16 +40,9 @@ def affordable(method: Method, model: VisionTransformer | ViTConfig, device: tor
     return method.cost.forward == 0 or method.cost.flops(config) <= budget
 
 
-def default_method(model: VisionTransformer, device: torch.device) -> Method:
-    """The first of ``DEFAULT_METHODS`` that ``affordable`` allows for ``model``."""
-    preferred = [m for key in DEFAULT_METHODS for m in methods.METHODS if m.key == key]
-    return next(m for m in preferred if affordable(m, model, device))
-
-
 def refusal(method: Method, model: VisionTransformer, device: torch.device) -> str:
     """Why ``method`` is not run for ``model`` here, and what to choose instead (the default first)."""
-    default = default_method(model, device)
-    ordered = sorted(methods.METHODS, key=lambda m: m is not default)
+    ordered = sorted(methods.METHODS, key=lambda m: m is not DEFAULT_METHOD)
     others = [m.title for m in ordered if m is not method and affordable(m, model, device)]
     choices = others[0] if len(others) == 1 else f"{', '.join(others[:-1])} or {others[-1]}"
     gflop = method.cost.flops(model.config) / 1e9
@@ -63,7 +56,7 @@ def refusal(method: Method, model: VisionTransformer, device: torch.device) -> s
 class Settings:
     """What a map is drawn with, checked against the model."""
 
-    method: Method = methods.METHODS[0]
+    method: Method = DEFAULT_METHOD
     target: int | None = None  # class index; None: the predicted class
     layer: int = -1  # raw attention's block, from 0 (``parse_settings`` turns negative, from the end, into that)
     head: int | None = None  # None: mean over heads

@@ -21,7 +21,7 @@ from ..admission import COMPUTE
 from ..analysis import Analysis, explained_class, relevance
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
-from ..settings import PREDICTED, Settings, check_top_k, default_method, head_name, layer_name, parse_settings
+from ..settings import DEFAULT_METHOD, PREDICTED, Settings, check_top_k, head_name, layer_name, parse_settings
 from . import fresh
 from .context import EXAMPLES, Context
 from .inputs import CheckedDropdown, CheckedRadio, ImageUpload
@@ -71,12 +71,12 @@ def classify(
     change); the prediction in words ("Not sure — maybe ..." below 50%; "This doesn't look like any of the N
     classes I know" when the model's detector says so); the class the map explains; and that "none of my
     classes" check in numbers (``ood_check``).
-    ``method`` None: the model's default (``default_method``: RISE where it fits the server's budget).
+    ``method`` None: the default (``DEFAULT_METHOD``, AttnLRP).
     ``layer`` and ``head`` (raw attention) are numbered from 0; a negative layer counts from the end (-1: the
     last)."""
     t0 = time.perf_counter()
     a = ctx.analysis(image, model_choice)
-    method = method or default_method(a.model, ctx.device).title
+    method = method or DEFAULT_METHOD.title
     s = parse_settings(a.model, method, target, layer, head, head_fusion, discard_ratio, opacity)
     k = check_top_k(top_k, len(a.names))
     heat = relevance(a, s, ctx.device, lambda f, desc: progress(f, desc=desc))
@@ -195,7 +195,7 @@ class ClassifyTab:
             gr.Dropdown(choices=[PREDICTED, *model.class_names], value=PREDICTED),
             gr.Slider(**layer_range(model, LAYER)),
             gr.Dropdown(choices=head_choices(model), value="mean"),
-            gr.Radio(value=default_method(model, device).title),
+            gr.Radio(value=DEFAULT_METHOD.title),
         ]
 
 
@@ -208,9 +208,7 @@ def build(ctx: Context, picker: Picker) -> ClassifyTab:
             sources=["upload", "clipboard", "webcam"], type="filepath", label="Image", height=300, elem_id="image"
         )
         button = gr.Button("Classify", variant="primary", elem_id="classify")
-        method = CheckedRadio(
-            [m.title for m in methods.METHODS], value=default_method(model, ctx.device).title, label="Explanation"
-        )
+        method = CheckedRadio([m.title for m in methods.METHODS], value=DEFAULT_METHOD.title, label="Explanation")
         with gr.Accordion("Explanation settings", open=False):
             # choices follow the loaded model; other values are checked server-side
             target = CheckedDropdown(
