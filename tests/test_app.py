@@ -458,8 +458,11 @@ def test_compare_scores_each_method_against_the_centre_baseline(server):
     ]
     for item, row in zip(gallery, table["data"], strict=True):
         assert 0 <= row[1] <= 1 and 0 <= row[2] <= 1
-        deletion, insertion = map(float, re.fullmatch(r".*: deletion (\S+), insertion (\S+)", item["caption"]).groups())
-        assert item["caption"].startswith(row[0]) and abs(deletion - row[1]) < 1e-3 and abs(insertion - row[2]) < 1e-3
+        found = re.fullmatch(r".*: deletion (\S+), insertion ([\d.]+)(?:; ([\d,.]+ ms))?", item["caption"])
+        deletion, insertion, took = found.groups()
+        assert item["caption"].startswith(row[0]) and abs(float(deletion) - row[1]) < 1e-3
+        assert abs(float(insertion) - row[2]) < 1e-3 and (took or "") == row[3]  # the time the map took
+        assert bool(took) is (row[0] != "Centre Gaussian (baseline: ignores the image)")
         assert Image.open(item["image"]).size[0] >= 300
 
 

@@ -220,12 +220,16 @@ def test_settings_are_checked():
 def test_compare_scores_every_method_and_the_centre_baseline(tmp_path):
     a = _analysis(tmp_path, "avg")
     a.maps.clear()  # the analysis is shared through the cache with other tests
+    analysis.relevance(a, Settings(method=methods.GRADIENT), CPU)  # drawn before, as the Classify tab does
+    before = a.seconds[analysis.map_key(a, Settings(method=methods.GRADIENT))]
     seen = []
     scored = comparison.compare(a, Settings(), CPU, lambda f, desc: seen.append((f, desc)))
     assert [n for n, *_ in scored] == [*(m.title for m in methods.METHODS), comparison.CENTRE]
-    for name, heat, deletion, insertion in scored:
+    for name, heat, deletion, insertion, ms in scored:
         assert heat.shape == (a.x.shape[-2:] if name == methods.RISE.title else a.grid)
         assert 0 <= deletion <= 1 and 0 <= insertion <= 1
+        assert (ms is None) is (name == comparison.CENTRE) and (ms is None or ms > 0)
+    assert dict((n, ms) for n, *_, ms in scored)[methods.GRADIENT.title] == 1000 * before  # its time then
     n = len(methods.METHODS) + 1
     assert [f for f, desc in seen if desc.startswith("Deleting")] == [i / n for i in range(n)]
     assert seen[0][1] == "RISE: masked images"  # RISE's forward passes report progress too

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -60,6 +61,8 @@ class Analysis:
     is_ood: bool | None = None  # the score above the model's stored threshold; None: no detector
     # maps that run the model, by (method key, class or None, options): computed once, then kept
     maps: dict[tuple, torch.Tensor] = field(default_factory=dict)
+    # the seconds each of those maps took to compute, by the same keys
+    seconds: dict[tuple, float] = field(default_factory=dict)
 
     @property
     def box(self) -> Box:
@@ -187,20 +190,28 @@ def relevance(
     """The map of ``s.method`` for the image: (grid_h, grid_w), or (H, W) for RISE.
 
     Drawn from the cached attentions when the method can be; else computed with the model (refused when it is
-    not ``affordable`` here: requests are untrusted) once per class and options, then kept in ``a.maps``."""
+    not ``affordable`` here: requests are untrusted) once per class and options, then kept in ``a.maps``, the
+    seconds it took in ``a.seconds``."""
     m, options = s.method, s.options()
     if m.from_attentions is not None:
         return m.from_attentions(a.model, a.attentions, a.grid, **options)[0]
     if not affordable(m, a.model, device):
         raise ValueError(refusal(m, a.model, device))
-    target = explained_class(a, s) if m.per_class else None
-    key = (m.key, target, *options.values())
+    key = map_key(a, s)
     if key not in a.maps:
+        t0 = time.perf_counter()
         if m.per_class:
-            options["target"] = target
+            options["target"] = key[1]
         if m.progress is not None and progress is not None:
             options["progress"] = lambda done, total: progress(done / total, f"{m.name}: {m.progress}")
         with autocast(device):
             heat = m.fn(a.model, a.x.to(device), **options)
         a.maps[key] = heat[0].float().cpu()
+        a.seconds[key] = time.perf_counter() - t0
     return a.maps[key]
+
+
+def map_key(a: Analysis, s: Settings) -> tuple:
+    """The key of ``s``'s map in ``a.maps`` and ``a.seconds``: (method key, class or None, options)."""
+    target = explained_class(a, s) if s.method.per_class else None
+    return (s.method.key, target, *s.options().values())
