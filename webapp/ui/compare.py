@@ -34,21 +34,21 @@ def compare(
     progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's idiom)
 ) -> tuple[list[tuple[Image.Image, str]], list[list], str]:
     """Every method's map (RISE where it fits the server's budget) and a centre-Gaussian baseline for the same
-    image and class, each with its deletion AUC (lower is better), insertion AUC (higher is better) and the
-    milliseconds the map took on this image (``comparison.compare``)."""
+    image and class, each with its deletion AUC (lower is better) and insertion AUC (higher is better), and on
+    its picture and caption the time the map took on this image (``comparison.compare``)."""
     a = ctx.analysis(image, model_choice)
     s = parse_settings(a.model, None, target, layer, head, head_fusion, discard_ratio, opacity)
     scored = score_methods(a, s, ctx.device, lambda f, desc: progress(f, desc=desc))
     gallery, table = [], []
     for name, heat, deletion, insertion, ms in scored:
         scores = f"deletion {deletion:.3f}, insertion {insertion:.3f}"
-        took = "" if ms is None else f"{ms:,.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
+        took = "" if ms is None else f"{ms:,.0f} ms" if ms >= 10 else f"{ms:.1f} ms" if ms >= 1 else f"{ms:.2f} ms"
         img = render.titled(
             render.map_on_crop(a.shown, a.box, heat, s.opacity, explorer.SIDE, "relevance"),
-            [name.split(" (")[0], scores],
+            [name.split(" (")[0] + (f", {took}" if took else ""), scores],
         )
         gallery.append((render.unique(img, name), f"{name}: {scores}" + (f"; {took}" if took else "")))
-        table.append([name, round(deletion, 4), round(insertion, 4), took])
+        table.append([name, round(deletion, 4), round(insertion, 4)])
     target_name = a.names[explained_class(a, s)]
     where = f"{layer_name(s.layer, a.model.config.depth)}, {head_name(s.head)}"
     return gallery, table, f"Maps and scores for class {target_name}; raw attention: {where}."
@@ -91,14 +91,14 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
     gr.Markdown(
         "Every map for the same image and class, each scored on this image: **deletion AUC** (pixels "
         "removed most relevant first; lower is better) and **insertion AUC** (revealed most relevant "
-        "first; higher is better), and the time the map took. The centre Gaussian ignores the image: a map "
-        "that does no better says little about this image. Uses the class, layer and head of the Classify "
-        "tab's settings."
+        "first; higher is better), with the time the map took on each picture. The centre Gaussian ignores "
+        "the image: a map that does no better says little about this image. Uses the class, layer and head "
+        "of the Classify tab's settings."
     )
     button = gr.Button("Compare methods", variant="primary")
     text = gr.Textbox(label="What is compared", interactive=False, elem_id="compare-text")
     table = gr.Dataframe(
-        headers=["method", "deletion AUC (lower is better)", "insertion AUC (higher is better)", "time"],
+        headers=["method", "deletion AUC (lower is better)", "insertion AUC (higher is better)"],
         label="Faithfulness on this image",
         interactive=False,
         wrap=True,
