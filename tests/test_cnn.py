@@ -66,22 +66,23 @@ def test_cnn_recipes_are_checked():
     assert _stage_sizes(net, 32) == [(48, 32, 32), (96, 16, 16), (192, 8, 8), (384, 4, 4)]
 
 
+def _tiny_resnet(tmp_path, channels: list[int]) -> dict:
+    """A recipe for a ResNet-18 of ``channels`` widths on a two-colour 16 px image folder, on the CPU."""
+    return dict(
+        model="timm:resnet18",
+        model_args=dict(img_size=16, channels=channels, crop_pct=1.0),
+        data=str(make_image_folder(tmp_path / "data", size=16)),
+        augment=dict(crop="none", hflip=False),
+        batch_size=8,
+        device="cpu",
+    )
+
+
 def test_cnn_run_trains_resumes_and_writes_no_app_files(tmp_path):
     """A ResNet trained by the engine: it learns the two colours, a run stopped after one epoch and resumed ends
     with the weights of one that never stopped, and its folder holds the checkpoint and metrics but no
     model.safetensors + config.json (the app loads ViTs)."""
-    data = make_image_folder(tmp_path / "data", size=16)
-    recipe = dict(
-        model="timm:resnet18",
-        model_args=dict(img_size=16, channels=[8, 16, 16, 16], crop_pct=1.0),
-        data=str(data),
-        augment=dict(crop="none", hflip=False),
-        batch_size=8,
-        opt="sgd",
-        lr=0.05,
-        epochs=3,
-        device="cpu",
-    )
+    recipe = _tiny_resnet(tmp_path, channels=[8, 16, 16, 16]) | dict(opt="sgd", lr=0.05, epochs=3)
     whole = engine.train(recipe, tmp_path / "whole", progress=False)
     engine.train(recipe, tmp_path / "sliced", stop_after=1, progress=False)
     engine.train(recipe, tmp_path / "sliced", resume=True, progress=False)
@@ -97,15 +98,7 @@ def test_cnn_run_trains_resumes_and_writes_no_app_files(tmp_path):
 def test_figure5_runs_a_budget_again_after_a_kill_before_its_first_epoch(tmp_path, monkeypatch):
     """A figure-5 run killed before its first epoch ended leaves a folder with only its recipe: the bench starts
     that run again (the folder is its own), where ``python -m train`` would ask for --overwrite."""
-    data = make_image_folder(tmp_path / "data", size=16)
-    tiny = dict(
-        model="timm:resnet18",
-        model_args=dict(img_size=16, channels=[8, 8, 8, 8], crop_pct=1.0),
-        data=str(data),
-        augment=dict(crop="none", hflip=False),
-        batch_size=8,
-        device="cpu",
-    )
+    tiny = _tiny_resnet(tmp_path, channels=[8, 8, 8, 8])
     monkeypatch.setattr(figure5, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(figure5, "budget_recipe", lambda name, epochs: tiny | dict(epochs=epochs))
     killed = tmp_path / "runs" / "tiny_1ep"
