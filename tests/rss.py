@@ -1,4 +1,4 @@
-"""Peak resident memory of a call, for tests that check what decoding or a request costs."""
+"""Resident memory of a process and its peak over a call, for tests that check what decoding or a request costs."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ def _status(key: str, pid: int | str = "self") -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no {key} in /proc/{pid}/status")
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    """The process's resident memory now, in MiB."""
+    return _status("VmRSS", pid) / 2**20
 
 
 def reset_peak(pid: int | str = "self") -> int:

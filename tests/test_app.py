@@ -33,7 +33,8 @@ from webapp.catalog import BUNDLED
 from webapp.estimates import Costs
 from webapp.model_info import format_count
 
-from .rss import peak_above, reset_peak
+from .net import free_port
+from .rss import peak_above, reset_peak, rss_mb
 
 ROOT = Path(__file__).resolve().parents[1]
 CAT = ROOT / "examples" / "cat_chelsea.jpg"
@@ -41,23 +42,10 @@ LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse
 HEADS = json.loads((BUNDLED / "config.json").read_text())["model_args"]["num_heads"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
 @pytest.fixture(scope="module")
 def server():
     """The app as the README launches it: the bundled default model, no network."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port), "--concurrency", "2"],
@@ -241,7 +229,7 @@ def test_40_concurrent_requests_and_memory_returns_to_baseline(server):
     are refused at once, saying why), every admitted one is served, and memory returns."""
     proc, _, url = server
     _classify(Client(url, verbose=False), CAT)  # warm: model, buffers, caches
-    baseline = _rss_mb(proc.pid)
+    baseline = rss_mb(proc.pid)
 
     clients = [Client(url, verbose=False, httpx_kwargs={"timeout": 300}) for _ in range(40)]  # connected first
 
@@ -256,7 +244,7 @@ def test_40_concurrent_requests_and_memory_returns_to_baseline(server):
         results = list(pool.map(one, clients))
     assert sum(r is not None for r in results) >= 32  # the first 32 to join are all admitted
     time.sleep(1)
-    assert _rss_mb(proc.pid) - baseline < 150, "server memory kept growing after the burst"
+    assert rss_mb(proc.pid) - baseline < 150, "server memory kept growing after the burst"
 
 
 _BIG_PNG: list[bytes] = []

@@ -9,7 +9,6 @@ import io
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError, ValidationError
 
 from tests.hub_server import FakeHub, _Handler, timm_vit_files, transformers_vit_files
+from tests.net import free_port
+from tests.rss import rss_mb
 from webapp.catalog import BUNDLED_LABEL, imagenet_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,19 +39,6 @@ HUGE = {
     "num_classes": 1000,
     "model_args": {"embed_dim": 16384, "depth": 64, "num_heads": 16},
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +67,7 @@ class App:
     """``python app.py ARGS`` on a free port, its Hub at ``endpoint``, its log in a file."""
 
     def __init__(self, tmp: Path, endpoint: str, *args: str) -> None:
-        self.port, self.log = _free_port(), tmp / "app.log"
+        self.port, self.log = free_port(), tmp / "app.log"
         env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1"}
         env |= {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp / "hf"), "HF_HUB_DISABLE_XET": "1"}
         env["GRADIO_TEMP_DIR"] = str(tmp / "gradio")
@@ -128,7 +116,7 @@ class App:
 
     @property
     def rss_mb(self) -> float:
-        return _rss_mb(self.proc.pid)
+        return rss_mb(self.proc.pid)
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -27,14 +27,11 @@ import vit_core
 from vit_core import CheckpointError, ViTConfig
 from vit_core.checkpoint import MAX_PARAMS_ENV, SizeLimits, config_to_dict
 
+from .rss import peak_above, reset_peak
+
 MB = 2**20
 LIMIT = 100 * MB
 _CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-def _status_kb(field: str) -> int:
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
-    return int(line.split()[1]) * 1024
 
 
 @contextmanager
@@ -43,8 +40,7 @@ def peak_memory():
     gc.collect()
     rss = _CLEAR_REFS.exists()
     if rss:
-        _CLEAR_REFS.write_text("5")  # reset VmHWM to the current RSS
-        before = _status_kb("VmRSS")
+        before = reset_peak()
     tracemalloc.start()
     out: dict[str, int] = {}
     try:
@@ -52,7 +48,7 @@ def peak_memory():
     finally:
         out["traced"] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        out["rss"] = _status_kb("VmHWM") - before if rss else 0
+        out["rss"] = peak_above("self", before) if rss else 0
 
 
 def _refused(path, match: str, **kwargs) -> str:

@@ -10,7 +10,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,8 @@ from vit_core.data import build_transform, default_data_root
 from vit_core.engine import Recipe, RecipeError, evaluate_checkpoint, train
 from vit_core.evaluation import evaluate, tta_views, write_eval
 from vit_core.run_folder import stale_files
+
+from .net import free_port
 
 TINY = dict(img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0, crop_pct=1.0)
 TIMING = {"images_per_s", "epoch_time_s", "elapsed_s"}
@@ -708,12 +709,6 @@ def test_timm_init_names_resolve_to_the_hub(monkeypatch):
 # ------------------------------------------------------------------------------------------ DDP
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world: int, port: int, recipe: dict, root: str) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -738,7 +733,7 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     recipe = tiny_recipe(
         data, epochs=2, batch_size=16, opt="sgd", lr=0.05, warmup_epochs=0.5, model_args=dict(TINY, depth=2)
     )
-    mp.spawn(_ddp_worker, args=(2, _free_port(), recipe, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(2, free_port(), recipe, str(tmp_path)), nprocs=2, join=True)
 
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     for k in r0["params"]:

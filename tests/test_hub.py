@@ -29,6 +29,7 @@ from PIL import Image
 
 import vit_core
 from tests.hub_server import FakeHub
+from tests.net import free_port
 from vit_core import CheckpointError
 from vit_core.__main__ import main as cli
 from vit_core.calibration import Calibration, predict
@@ -256,7 +257,7 @@ def test_calibration_round_trips_through_the_hub(hub, monkeypatch):
 
 
 def test_server_down_and_uncached_says_so(hf_home, monkeypatch):
-    _use_endpoint(monkeypatch, f"http://127.0.0.1:{_free_port()}")  # nobody listens there
+    _use_endpoint(monkeypatch, f"http://127.0.0.1:{free_port()}")  # nobody listens there
     # huggingface_hub retries with exponential backoff (about 23 s in all) before giving up: skip the waits
     monkeypatch.setattr(hf_http, "time", types.SimpleNamespace(sleep=lambda seconds: None))
     with pytest.raises(HubError, match="could not reach http://127.0.0.1"):
@@ -476,12 +477,6 @@ def test_final_metrics_reads_the_last_accuracy(rows, expected):
 # ------------------------------------------------------------------------------------ olah
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _git(*args: str, cwd: Path) -> None:
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
@@ -507,7 +502,7 @@ def test_pull_through_olah_mirror_serving_a_local_repo_offline(hf_home, run_dir,
     _git("add", ".", cwd=repo)
     _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "add model", cwd=repo)
 
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "olah.toml"
     config.write_text(
         f'[basic]\nhost = "127.0.0.1"\nport = {port}\nrepos-path = "{tmp_path / "olah-cache"}"\n'

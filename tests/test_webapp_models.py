@@ -28,6 +28,7 @@ from PIL import Image
 
 import vit_core
 from tests.hub_server import FakeHub, _Handler, timm_vit_files, transformers_vit_files
+from tests.rss import rss_mb
 from vit_core.cost import state_shapes
 from webapp import access, memory, models, options
 from webapp.catalog import AUTO, BUNDLED, BUNDLED_LABEL, CURATED, ROOT, imagenet_names
@@ -93,10 +94,6 @@ def _error(models_: Models, choice: str, **kw) -> str:
     with pytest.raises(gr.Error) as e:
         models_.get(choice, **kw)
     return e.value.message
-
-
-def _rss_mb() -> float:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 # ------------------------------------------------------------------------------------ the curated list
@@ -396,11 +393,11 @@ def test_memory_is_returned_after_a_failed_load(tmp_path, monkeypatch):
     m.set_default(BUNDLED_LABEL)
     monkeypatch.setattr(models, "build_transform", broken)
     memory.release_memory()
-    before = _rss_mb()
+    before = rss_mb()
     for _ in range(3):
         assert "unexpected error" in _error(m, str(folder), wait=120)
         m._failed.clear()
-    assert _rss_mb() - before < 100
+    assert rss_mb() - before < 100
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc arenas are glibc's")
