@@ -252,6 +252,11 @@ def test_parameter_counts_read_well():
     assert {n: model_info.format_count(n) for n in cases} == cases
 
 
+def test_times_keep_the_digits_that_mean_something():
+    cases = {2216.4: "2,216 ms", 37.4: "37 ms", 2.34: "2.3 ms", 0.384: "0.38 ms"}
+    assert {ms: model_info.format_ms(ms) for ms in cases} == cases
+
+
 def test_low_confidence_reads_as_a_guess():
     names = ["cat", "dog", "ship"]
     assert model_info.verdict(torch.tensor([0.8, 0.15, 0.05]), names) == "cat (80%)"

@@ -36,6 +36,12 @@ def format_count(n: int) -> str:
     return short(n / 1e9) + "B"
 
 
+def format_ms(ms: float) -> str:
+    """A time in milliseconds, to the digits that mean something: 1234.5 -> '1,234 ms', 37.4 -> '37 ms',
+    2.34 -> '2.3 ms', 0.384 -> '0.38 ms' (a cached forward pass and map)."""
+    return f"{ms:,.0f} ms" if ms >= 10 else f"{ms:.1f} ms" if ms >= 1 else f"{ms:.2f} ms"
+
+
 def facts(model: VisionTransformer) -> str:
     """One line for the Classify tab: the classes the model knows and the input it sees."""
     cfg = model.config

@@ -128,8 +128,8 @@ def show(
             return BLANK
         settings = (method, target, layer, head, head_fusion, discard_ratio, opacity, top_k)
         labels, overlay, ms, verdict, explained, _ = classify(ctx, image, model_choice, *settings, progress=progress)
-        took = f"{ms:,.0f}" if ms >= 10 else f"{ms:.1f}"  # "0.4 ms" when the forward pass and map were cached
-        return labels, overlay, f"Computed in {took} ms (decode, model and map).", headline(verdict), explained
+        took = f"Computed in {model_info.format_ms(ms)} (decode, model and map)."
+        return labels, overlay, took, headline(verdict), explained
 
     def failed(message: str) -> tuple:
         return *BLANK[:3], headline(fresh.problem(message), large=False), ""

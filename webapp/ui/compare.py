@@ -13,6 +13,7 @@ from ..analysis import explained_class
 from ..catalog import BUNDLED_LABEL
 from ..comparison import compare as score_methods
 from ..errors import user_errors
+from ..model_info import format_ms
 from ..settings import PREDICTED, head_name, layer_name, parse_settings
 from . import fresh
 from .classify import ClassifyTab
@@ -42,7 +43,7 @@ def compare(
     gallery, table = [], []
     for name, heat, deletion, insertion, ms in scored:
         scores = f"deletion {deletion:.3f}, insertion {insertion:.3f}"
-        took = "" if ms is None else f"{ms:,.0f} ms" if ms >= 10 else f"{ms:.1f} ms" if ms >= 1 else f"{ms:.2f} ms"
+        took = "" if ms is None else format_ms(ms)
         img = render.titled(
             render.map_on_crop(a.shown, a.box, heat, s.opacity, explorer.SIDE, "relevance"),
             [name.split(" (")[0] + (f", {took}" if took else ""), scores],
