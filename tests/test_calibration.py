@@ -26,7 +26,7 @@ from vit_core.checkpoint import OOD_NAME, write_calibration
 from vit_core.data import InMemoryImageDataset, build_dataset, class_subset
 from vit_core.model_card import render_model_card
 from vit_core.ood import OODDetector, auroc, fit_statistics, fpr_at_tpr, ood_scores, threshold_for
-from webapp.model_info import UNSURE_BELOW, calibration_note, verdict
+from webapp.model_info import UNSURE_BELOW, facts, verdict
 
 from .test_engine import make_image_folder, one_thread  # noqa: F401  (autouse fixture)
 
@@ -238,7 +238,8 @@ def test_a_model_without_calibration_behaves_as_before(tmp_path):
         text = verdict(probs, names)
         assert text == verdict(probs, names, is_ood=None)
         assert text.startswith("Not sure") == (top < UNSURE_BELOW)
-    assert calibration_note(loaded).startswith("Calibration unknown")
+    said = facts(loaded)  # what the Classify tab says about the model
+    assert "not calibrated" in said and "whatever the image shows" in said
 
 
 def test_a_detector_without_a_temperature_keeps_the_plain_softmax(tmp_path):
@@ -256,8 +257,8 @@ def test_a_detector_without_a_temperature_keeps_the_plain_softmax(tmp_path):
     with torch.no_grad():
         mirror = (loaded(x).softmax(-1) + loaded(x.flip(-1)).softmax(-1)) / 2
     assert torch.allclose(p.probs, mirror, atol=1e-6) and p.is_ood is not None
-    note = calibration_note(loaded)
-    assert note.startswith("Calibration unknown") and "none of its classes" in note
+    said = facts(loaded)
+    assert "not calibrated" in said and "says so when an image looks like none of them" in said
 
 
 def test_the_ood_verdict_names_the_closest_class():
@@ -267,7 +268,8 @@ def test_the_ood_verdict_names_the_closest_class():
     assert verdict(probs, list(LABELS), is_ood=False).startswith("Not sure — maybe bird (31%)")
     model = _model()
     model.calibration = _calibrated(model)
-    assert "temperature 0.75" in calibration_note(model) and "none of its classes" in calibration_note(model)
+    said = facts(model)
+    assert "calibrated (temperature 0.75" in said and "not calibrated" not in said and "none of them" in said
 
 
 def test_bad_calibrations_are_refused_naming_the_problem(tmp_path):

@@ -43,16 +43,30 @@ def format_ms(ms: float) -> str:
 
 
 def facts(model: VisionTransformer) -> str:
-    """One line for the Classify tab: the classes the model knows and the input it sees."""
+    """What the Classify tab says about the model: the classes it knows, the input it sees, whether it can answer
+    "none of my classes" (its checkpoint stores a detector) and what its confidences mean (calibrated when its
+    checkpoint stores a fitted temperature; Hub checkpoints usually do not)."""
     cfg = model.config
     names = model.class_names
     listed = ", ".join(names) if len(names) <= 12 else ", ".join(names[:10]) + f", … ({len(names)} in all)"
     h, w = cfg.img_hw
     colour = "grey" if cfg.in_chans == 1 else "colour"
+    cal = model.calibration
+    scope = (
+        "says so when an image looks like none of them"
+        if cal is not None and cal.ood is not None
+        else "picks one of its classes whatever the image shows"
+    )
+    confidence = (
+        f"Its confidences are calibrated (temperature {cal.temperature:.2f}, fitted on held-out training images)."
+        if cal is not None and cal.temperature is not None
+        else "Its confidences are not calibrated (no fitted temperature stored): one may not match how often it "
+        "is right."
+    )
     return (
         f"This model knows **{len(names)} classes**: {listed}. It sees a **{h}×{w}-pixel {colour}** version of "
-        "the coloured region of your image, and picks one of its classes whatever the image shows: "
-        f"a top class under {UNSURE_BELOW:.0%} is shown as *not sure*."
+        f"the coloured region of your image and {scope}; a top class under {UNSURE_BELOW:.0%} is shown as "
+        f"*not sure*. {confidence}"
     )
 
 
@@ -69,23 +83,6 @@ def verdict(probs: torch.Tensor, names: list[str], is_ood: bool | None = None) -
         return best
     runner_up = f" or {names[i[1]]} ({float(p[1]):.0%})" if len(names) > 1 else ""
     return f"Not sure — maybe {best}{runner_up}"
-
-
-def calibration_note(model: VisionTransformer) -> str:
-    """One line on what the model's confidences mean: calibrated (and with a "none of my classes" check) when its
-    checkpoint stores a calibration, unknown otherwise (Hub checkpoints)."""
-    cal = model.calibration
-    ood = (
-        " Images unlike its training images are reported as none of its classes."
-        if cal is not None and cal.ood is not None
-        else f" Images of other things are not detected (a top class under {UNSURE_BELOW:.0%} is shown as not sure)."
-    )
-    if cal is None or cal.temperature is None:
-        return (
-            "Calibration unknown: this checkpoint stores no fitted temperature, so a confidence may not match how "
-            f"often it is right.{ood}"
-        )
-    return f"Confidences are calibrated (temperature {cal.temperature:.2f}, fitted on held-out training images).{ood}"
 
 
 # ------------------------------------------------------------------------------------------- Inspect
