@@ -555,6 +555,42 @@ def test_batches_fast_path_equals_the_dataloader_path():
             assert labels == [list(range(0, 30, 2)), list(range(1, 30, 2))]
 
 
+def test_alternating_flips_show_each_image_both_ways_every_two_epochs():
+    """augment hflip 'alternate' (airbench): over any two consecutive epochs every image comes once as it is and
+    once mirrored; the half mirrored on even epochs is fixed by the seed (about half the images, another half for
+    another seed). Random flips (hflip true) show half of them the same way round both times. Datasets
+    that go through a DataLoader are refused: the flip needs each image's index."""
+    n, cpu = 400, torch.device("cpu")
+    images = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    plain = build_transform(_cfg(img_size=8, crop_pct=1.0))  # the same pixels, unaugmented
+
+    def mirrored(hflip, seed: int, epoch: int) -> torch.Tensor:
+        tf = build_transform(_cfg(img_size=8, crop_pct=1.0), train=True, augment=dict(crop="none", hflip=hflip))
+        batches = Batches(InMemoryImageDataset(images, torch.arange(n), list("ab"), tf), 50, cpu, train=True, seed=seed)
+        batches.set_epoch(epoch)
+        out = torch.zeros(n, dtype=torch.bool)
+        for x, y in batches:  # label = index
+            ref = plain(images[y])
+            same, flipped = ((x - r).abs().amax(dim=(1, 2, 3)) == 0 for r in (ref, ref.flip(-1)))
+            assert torch.all(same ^ flipped)
+            out[y] = flipped
+        return out
+
+    epochs = [mirrored("alternate", 3, e) for e in range(4)]
+    assert all(torch.equal(epochs[e], ~epochs[e + 1]) for e in range(3)) and torch.equal(epochs[0], epochs[2])
+    assert 150 < int(epochs[0].sum()) < 250  # Binomial(400, 1/2): 5 standard deviations
+    assert 0.4 < float((mirrored("alternate", 4, 0) == epochs[0]).float().mean()) < 0.6  # another seed's half
+    random = [mirrored(True, 3, e) for e in (0, 1)]
+    assert 0.4 < float((random[0] == random[1]).float().mean()) < 0.6  # independent draws: half agree (4 sd)
+    tf = build_transform(_cfg(img_size=8, crop_pct=1.0), train=True, augment=dict(hflip="alternate"))
+    slow = Subset(InMemoryImageDataset(images, torch.arange(n), list("ab"), tf), range(n))
+    slow.transform = tf
+    with pytest.raises(ImageDataError, match="hflip 'alternate' .* needs an in-memory dataset"):
+        Batches(slow, 50, cpu, train=True)
+    with pytest.raises(ValueError, match="hflip must be true, false or 'alternate', got 'sometimes'"):
+        check_augment({"hflip": "sometimes"})
+
+
 def test_image_folder_through_dataloader(tmp_path):
     _tree(tmp_path, {"a": [("png", "RGBA", (8, 8))] * 3, "b": [("jpg", "L", (9, 7))] * 2})
     t = build_transform(_cfg(img_size=8), train=True, augment=dict(rand_augment="rand-m9-mstd0.5", re_prob=0.5))

@@ -207,6 +207,32 @@ def test_bn_momentum_reaches_every_batchnorm():
         Recipe.from_dict({"bn_momentum": 0.0})
 
 
+def test_dirac_init_passes_each_convolutions_input_through():
+    """stem_init 'dirac' (airbench): each convolution of the conv stem copies its input to its first output
+    channels (checked by convolving random maps, with as many, more and fewer filters than inputs); its other
+    filters keep PyTorch's initialisation, drawn as without it. Refused without a conv stem and for fine-tuning."""
+    from vit_core.builders import build_network
+
+    stem = dict(stem_channels=(8, 16, 16, 4), stem_strides=(1, 1, 1, 1), stem_pools=(2, 1, 1, 1))
+    args = dict(model_args=dict(TINY, patch_size=1, **stem), seed=5)
+    nets = {i: build_network(Recipe.from_dict(args | {"stem_init": i}), None, ["a", "b"]) for i in ("pytorch", "dirac")}
+    layers = zip(*(n.patch_embed.backbone.layers for n in nets.values()), strict=True)
+    for plain, dirac in layers:
+        w, w0 = dirac.conv.weight.detach(), plain.conv.weight.detach()
+        c_out, c_in = w.shape[:2]
+        x = torch.randn(2, c_in, 6, 6, generator=torch.Generator().manual_seed(c_in))
+        n = min(c_in, c_out)
+        assert torch.equal(torch.nn.functional.conv2d(x, w, padding=1)[:, :n], x[:, :n])
+        assert torch.equal(w[c_in:], w0[c_in:]) and (w[c_in:].numel() == 0 or w[c_in:].abs().sum() > 0)
+        assert not torch.equal(w0[:n], w[:n])
+    with pytest.raises(RecipeError, match="stem_init 'dirac' initialises a conv stem .*none here"):
+        build_network(Recipe.from_dict({"model_args": TINY, "stem_init": "dirac"}), None, ["a", "b"])
+    with pytest.raises(RecipeError, match="a fine-tuned one keeps its weights"):
+        Recipe.from_dict({"init": "runs/x", "stem_init": "dirac"})
+    with pytest.raises(RecipeError, match="stem_init must be one of pytorch, dirac, got 'zeros'"):
+        Recipe.from_dict({"stem_init": "zeros"})
+
+
 def test_lookahead_follows_airbench_formula():
     """Every 5 steps slow += (1 - d)(fast - slow) with d = 0.95^5 (step / total)^3 and fast = slow; after the
     last step the model is the slow copy: against the formula applied by hand to a scalar sequence."""

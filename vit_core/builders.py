@@ -81,8 +81,8 @@ def build_network(
     recipe: Recipe, init: VisionTransformer | None, classes: list[str] | None, train_set: Dataset | None = None
 ) -> nn.Module:
     """What the optimizer trains: ``init`` with a new zero-initialised head for ``classes`` (the paper's
-    fine-tuning), or a model from scratch initialised as ``weight_init`` says, its whitening filters (a conv
-    stem's ``stem_whiten``) computed from ``train_set``; wrapped for masked patch prediction when
+    fine-tuning), or a model from scratch initialised as ``weight_init`` and ``stem_init`` say, its whitening
+    filters (a conv stem's ``stem_whiten``) computed from ``train_set``; wrapped for masked patch prediction when
     ``task='mpp'``; or a timm CNN baseline (``vit_core.cnn``) with timm's initialisation. Seeded with the
     recipe's seed, so every process builds the same weights."""
     seed_all(recipe.seed)
@@ -105,6 +105,10 @@ def build_network(
                 stem.whiten.weight.copy_(
                     whitening_weights(whitening_images(train_set, model), stem.whiten.kernel_size[0])
                 )
+        if recipe.stem_init == "dirac":
+            if not isinstance(stem, ConvStem):
+                raise RecipeError("stem_init 'dirac' initialises a conv stem (model_args stem_channels): none here")
+            stem.dirac_()
     if recipe.bn_momentum is not None:
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):

@@ -250,6 +250,15 @@ class ConvStem(nn.Module):
             x = self.act(self.whiten(x))
         return self.layers(x)
 
+    @torch.no_grad()
+    def dirac_(self) -> None:
+        """airbench's initialisation (Jordan 2024): each convolution's first filters, as many as it has input
+        channels, pass their input through unchanged (``nn.init.dirac_``: a 1 at the centre tap of their own
+        channel); the rest keep their initialisation. Each layer starts near an identity plus new features."""
+        for layer in self.layers:
+            w = layer.conv.weight
+            nn.init.dirac_(w[: w.shape[1]])
+
     @staticmethod
     def state_shapes(
         channels: tuple[int, ...], in_chans: int = 3, whiten: int | None = None

@@ -34,6 +34,9 @@ class Recipe:
     model: str | None = None
     model_args: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields, e.g. depth, drop_path_rate
     weight_init: str = "timm"  # from scratch: "timm" (trunc. normal .02) or "jax" (Xavier; model.init_weights)
+    # from scratch, a conv stem's convolutions: "pytorch" (its default) or "dirac" (airbench: each one's first
+    # filters, as many as its input channels, pass their input through; ConvStem.dirac_)
+    stem_init: str = "pytorch"
     init: str | None = None  # fine-tune from a checkpoint: run folder, Hub id or timm:<name>; new zero head
     task: str = "classify"  # "classify", or "mpp": masked patch prediction pre-training (section 4.6)
     # --- the data
@@ -144,6 +147,7 @@ class Recipe:
             "task": ("classify", "mpp"),
             "precision": ("bf16", "fp16", "fp32"),
             "weight_init": ("timm", "jax"),
+            "stem_init": ("pytorch", "dirac"),
             "sched": ("cosine", "linear"),
         }
         for key, allowed in choices.items():
@@ -173,11 +177,15 @@ class Recipe:
             problems.append(f"grad_clip must be > 0 or None, got {self.grad_clip}")
         if self.init is not None and self.model is not None:
             problems.append("give either model (train from scratch) or init (fine-tune a checkpoint), not both")
+        if self.init is not None and self.stem_init != "pytorch":
+            problems.append("stem_init initialises a model trained from scratch; a fine-tuned one keeps its weights")
         derived = sorted({"num_classes", "label_names"} & set(self.model_args))
         if derived:
             problems.append(f"model_args {', '.join(derived)} come from the data's classes; remove them")
-        if is_cnn(self.model) and (self.task != "classify" or self.stem_optimizer is not None):
-            problems.append(f"{self.model} is a CNN baseline: task='classify' only, and no stem_optimizer")
+        if is_cnn(self.model) and (
+            self.task != "classify" or self.stem_optimizer is not None or self.stem_init != "pytorch"
+        ):
+            problems.append(f"{self.model} is a CNN baseline: task='classify' only, and no stem_optimizer or stem_init")
         if self.task == "mpp" and (self.mixup or self.cutmix or self.label_smoothing):
             problems.append("mixup, cutmix and label_smoothing apply to classification, not task='mpp'")
         problems += _subset_problems(self.train_subset, self.eval_subset)

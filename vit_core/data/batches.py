@@ -73,7 +73,10 @@ class Batches:
     """One process's batches of a dataset, on its device.
 
     Training: every epoch a permutation seeded with ``seed + epoch`` (``DistributedSampler``), the last
-    partial global batch dropped; process r takes elements r, r + N, ... Evaluation: every image once,
+    partial global batch dropped; process r takes elements r, r + N, ... With the transform's ``hflip``
+    "alternate" (airbench, Jordan 2024: each image seen both ways round in every two epochs, where random
+    flips show half of them the same way round both times), a fixed random half of the images, drawn with ``seed``,
+    is flipped on even epochs and the other half on odd ones. Evaluation: every image once,
     in order, process r taking r, r + N, ... In-memory datasets whose transform works on uint8 batches
     are indexed and transformed a batch at a time on the device; anything else goes through a DataLoader
     with ``workers`` processes.
@@ -98,6 +101,15 @@ class Batches:
         self.indices = None if train else torch.arange(rank, len(dataset), world)
         tf = dataset.transform
         self.fast = isinstance(dataset, InMemoryImageDataset) and (tf is None or not tf.needs_pil)
+        self.epoch, self.flipped_on_even = 0, None
+        if train and getattr(tf, "augment", {}).get("hflip") == "alternate":
+            if not self.fast:
+                raise ImageDataError(
+                    "augment hflip 'alternate' flips each image by its index: it needs an in-memory dataset "
+                    "(mnist, fashion-mnist, cifar10) and no RandAugment"
+                )
+            draw = torch.rand(len(dataset), generator=torch.Generator().manual_seed(seed))
+            self.flipped_on_even = (draw < 0.5).to(device)
         if self.fast:
             self.images, self.targets, self.transform = dataset.images.to(device), dataset.targets.to(device), tf
         else:
@@ -111,6 +123,7 @@ class Batches:
             )
 
     def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
         if self.sampler is not None:
             self.sampler.set_epoch(epoch)
 
@@ -127,4 +140,8 @@ class Batches:
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             idx = order[start : start + self.batch_size].to(self.device)
             x = self.images[idx]
-            yield (self.transform(x) if self.transform else x), self.targets[idx]
+            x = self.transform(x) if self.transform else x
+            if self.flipped_on_even is not None:
+                flip = self.flipped_on_even[idx] ^ (self.epoch % 2 == 1)
+                x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+            yield x, self.targets[idx]

@@ -34,7 +34,9 @@ AUGMENT_DEFAULTS: dict[str, Any] = {
     "scale": (0.08, 1.0),  # RandomResizedCrop area range
     "ratio": (3 / 4, 4 / 3),  # RandomResizedCrop aspect-ratio range
     "padding": None,  # "pad": zero padding before the random crop; None: input size // 8 (4 px at 32)
-    "hflip": True,  # random horizontal flip, p = 0.5 (turn off for digits and text)
+    # random horizontal flip, p = 0.5 (turn off for digits and text); "alternate": airbench's alternating flips,
+    # each image flipped on every other epoch, a fixed random half of them on the even ones (``Batches``)
+    "hflip": True,
     "rand_augment": None,  # timm RandAugment spec, e.g. "rand-m9-mstd0.5-inc1"
     "re_prob": 0.0,  # timm RandomErasing probability, on the normalised tensor
     "re_mode": "pixel",  # erase with per-pixel noise ("pixel"), per-channel noise ("rand") or zeros ("const")
@@ -55,7 +57,8 @@ def build_transform(
 
     Train: ``augment`` keys (see ``AUGMENT_DEFAULTS``): ``crop`` "pad" (resize to the input size if the image
     differs, zero-pad, random crop back: the classic CIFAR/MNIST recipe), "rrc" (timm's
-    RandomResizedCrop with ``scale`` and ``ratio``) or "none" (resize + center crop); ``hflip``;
+    RandomResizedCrop with ``scale`` and ``ratio``) or "none" (resize + center crop); ``hflip`` (True: random;
+    "alternate": left to ``Batches``, which knows each image's index and the epoch);
     ``rand_augment`` (timm's RandAugment, a per-image PIL op); ``re_prob``/``re_mode``/``re_count`` (timm's
     RandomErasing). Unknown keys are an error. Mixup/CutMix act on batches and labels: ``build_mixup``.
     """
@@ -137,7 +140,7 @@ class ImageTransform:
         if self.train:
             if crop == "pad":
                 x = _random_pad_crop(x, self.augment["padding"])
-            if self.augment["hflip"]:
+            if self.augment["hflip"] is True:  # "alternate" flips by image and epoch: Batches does it
                 x = _random_hflip(x)
             if self._rand_augment is not None:
                 pils = [TF.to_pil_image(xi) for xi in x.cpu()]
@@ -184,8 +187,8 @@ def check_augment(augment: dict[str, Any] | None) -> dict[str, Any]:
             problems.append(f"{key} must be [lo, hi] with 0 < lo <= hi{' <= 1' if hi == 1 else ''}, got {v!r}")
     if a["padding"] is not None and not (_is_int(a["padding"]) and a["padding"] >= 0):
         problems.append(f"padding must be an int >= 0, got {a['padding']!r}")
-    if not isinstance(a["hflip"], bool):
-        problems.append(f"hflip must be true or false, got {a['hflip']!r}")
+    if not (isinstance(a["hflip"], bool) or a["hflip"] == "alternate"):
+        problems.append(f"hflip must be true, false or 'alternate', got {a['hflip']!r}")
     if a["rand_augment"] is not None and not (
         isinstance(a["rand_augment"], str) and a["rand_augment"].startswith("rand")
     ):
