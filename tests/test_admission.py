@@ -22,6 +22,8 @@ from webapp import admission, analysis, batch, estimates
 from webapp.admission import MB, Busy, Gate, rss
 from webapp.catalog import BUNDLED
 from webapp.estimates import Costs
+from webapp.settings import PREDICTED
+from webapp.ui import fresh
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,21 +151,33 @@ def test_the_estimate_follows_the_image_the_model_and_the_endpoint():
 
 
 def test_every_compute_listener_is_gated_and_in_one_concurrency_group():
+    """The API's listeners pass the gate before they run; the page's hold it inside ``fresh.answer`` (after their
+    ticket: see ``tests/test_webapp.py``), which every page request must pass it to: here Classify's, refused for
+    memory, says so in place of its results."""
     import app
 
     ctx = app.setup("bundled")
     ctx.gate = Gate()
     demo = app.build_ui(ctx)
-    compute = [fn.api_name for fn in demo.fns.values() if fn.concurrency_id == admission.COMPUTE]
+    compute = {fn.api_name: fn for fn in demo.fns.values() if fn.concurrency_id == admission.COMPUTE}
     api = {"classify", "explore", "compare", "batch", "inspect"}  # each tab's endpoint, and the page's events:
     page = {"classify_page", "classify_new", "explore_picture", "explore_point", "explore_clicked", "explore_page"}
-    page |= {"compare_page"}
-    assert sorted(compute) == sorted(api | page | {"batch_page", "batch_new", "inspect_page"})
+    page |= {"compare_page", "batch_page", "batch_new", "inspect_page"}
+    assert sorted(compute) == sorted(api | page)
     # every other queued event is the picker's (gated, outside the group); the rest clear outputs, unqueued
     others = [fn for fn in demo.fns.values() if fn.concurrency_id != admission.COMPUTE and fn.queue is not False]
     assert others and all(fn.name in ("on_change", "updates") for fn in others), [fn.name for fn in others]
-    gated = [fn for fn in demo.fns.values() if getattr(fn.fn, "__wrapped__", None) is not None]
-    assert {fn.api_name for fn in gated} >= set(compute) and {fn.name for fn in gated} >= {"on_change", "updates"}
+    gated = {fn.api_name or fn.name for fn in demo.fns.values() if getattr(fn.fn, "__wrapped__", None) is not None}
+    assert gated >= api | {"on_change", "updates"} and not gated & page
+    assert "held" in inspect.signature(fresh.answer).parameters  # required: no page request without the gate
+
+    ctx.gate = Gate(max_memory=1)  # nothing fits
+    image = str(ROOT / "examples" / "cat_chelsea.jpg")
+    show = compute["classify_page"].fn
+    labels, overlay, _, verdict, _ = show(
+        image, "bundled", "AttnLRP", PREDICTED, 1, "mean", "mean", 0.0, 0.5, 5, None, request=None
+    )
+    assert verdict["value"].startswith("⚠️ This request needs about ") and labels is None and overlay is None
 
 
 def test_the_limits_are_options_of_the_app():

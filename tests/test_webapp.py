@@ -9,6 +9,7 @@ import io
 import json
 import struct
 import zipfile
+from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +22,7 @@ import vit_core
 from vit_core import explain, methods
 from vit_core.data import ImageDataError, TooManyPixelsError, build_transform, load_image, read_header
 from webapp import analysis, batch, catalog, comparison, explorer, model_info, options, render, settings
+from webapp.admission import MB, Gate, rss
 from webapp.analysis import Analysis, AnalysisCache, analyse
 from webapp.catalog import BUNDLED, ROOT
 from webapp.settings import Settings, parse_settings
@@ -544,16 +546,42 @@ def test_an_answer_is_shown_in_place_of_the_outputs_or_dropped_when_stale(monkey
     def refused():
         raise gr.Error("not an image")
 
-    assert fresh.answer(page, "g", 1, cat, 2, lambda: ("map", "cat"), lambda e: (None, e)) == ("map", "cat")
-    assert fresh.answer(page, "g", 2, cat, 2, refused, lambda e: (None, fresh.problem(e))) == (None, "⚠️ not an image")
+    free = nullcontext()  # no memory gate
+    assert fresh.answer(page, "g", 1, cat, 2, lambda: ("map", "cat"), lambda e: (None, e), free) == ("map", "cat")
+    failed = fresh.answer(page, "g", 2, cat, 2, refused, lambda e: (None, fresh.problem(e)), free)
+    assert failed == (None, "⚠️ not an image")
 
     def overtaken():  # the page chooses another image while this runs
         fresh.TICKETS.change("page", "g", 4, fresh.subject_of("dog.jpg", "bundled"))
         return "old map", "cat"
 
-    skipped = fresh.answer(page, "g", 3, cat, 2, overtaken, lambda e: (None, e))
+    skipped = fresh.answer(page, "g", 3, cat, 2, overtaken, lambda e: (None, e), free)
     assert all(isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1 for v in skipped)
-    assert fresh.answer(page, "g", 3, cat, 2, lambda: ("x", "y"), lambda e: e) == skipped  # not even run
+    assert fresh.answer(page, "g", 3, cat, 2, lambda: ("x", "y"), lambda e: e, free) == skipped  # not even run
+
+
+def test_a_request_refused_for_memory_says_so_in_place_and_still_overtakes_the_older_ones(monkeypatch):
+    """Raw attention chosen while a RISE map computes, on a server whose memory budget the RISE request fills:
+    the newer request is refused ("busy") in place of the results, and the RISE answer, finishing after it, is
+    dropped: otherwise the RISE map would land under a radio that says Raw attention."""
+    monkeypatch.setattr(fresh, "TICKETS", fresh.Tickets())
+    page, cat = SimpleNamespace(session_hash="page"), fresh.subject_of("cat.jpg", "bundled")
+    gate = Gate(max_memory=rss() + 300 * MB, max_wait=0)  # room for one request of 250 MB
+
+    def failed(message: str) -> tuple:
+        return None, fresh.problem(message)
+
+    def rise():
+        raw = fresh.answer(page, "g", 2, cat, 2, lambda: ("raw map", "cat"), failed, gate.held(250 * MB))
+        assert raw[0] is None and raw[1].startswith("⚠️ The server is busy; try again in "), raw
+        return "RISE map", "cat"
+
+    stale = fresh.answer(page, "g", 1, cat, 2, rise, failed, gate.held(250 * MB))
+    assert all(isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1 for v in stale), stale
+    assert fresh.answer(page, "g", 3, cat, 2, lambda: ("raw map", "cat"), failed, gate.held(250 * MB)) == (
+        "raw map",
+        "cat",
+    )  # the budget is free again
 
 
 def test_inspect_says_the_measured_accuracy_and_the_training_in_words(tmp_path):

@@ -65,6 +65,7 @@ def show(
         len(BLANK),
         lambda: batch(ctx, files, model_choice, method, top_k, opacity),
         lambda e: (*BLANK[:2], fresh.problem(e)),
+        ctx.held("batch", files=files, model_choice=model_choice, method=method),
     )
 
 
@@ -108,11 +109,11 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
     csv = gr.File(label="Top-k predictions (CSV)", elem_id="batch-csv")
     inputs, outputs = [files, picker.active, method, classify.top_k, classify.opacity], [gallery, csv, note]
     fresh.listen(
-        [button.click], ctx.handler(show, "batch"), inputs, outputs, concurrency_id=COMPUTE, api_name="batch_page"
+        [button.click], ctx.handler(show, None), inputs, outputs, concurrency_id=COMPUTE, api_name="batch_page"
     )
     # new files are classified at once (as an image on the Classify tab); another model clears the results
     new_files = fresh.on_change([files.change], [GROUP], [files, picker.active], blank, outputs)
-    fresh.then(new_files, ctx.handler(show_new, "batch"), inputs, outputs, concurrency_id=COMPUTE, api_name="batch_new")
+    fresh.then(new_files, ctx.handler(show_new, None), inputs, outputs, concurrency_id=COMPUTE, api_name="batch_new")
     fresh.on_change([picker.active.change], [GROUP], [files, picker.active], lambda _: BLANK, outputs)
     gr.on(
         [],

@@ -134,7 +134,9 @@ def show(
     def failed(message: str) -> tuple:
         return *BLANK[:3], headline(fresh.problem(message), large=False), ""
 
-    return fresh.answer(request, GROUP, ticket, fresh.subject_of(image, model_choice), len(BLANK), compute, failed)
+    subject = fresh.subject_of(image, model_choice)
+    held = ctx.held("classify", image=image, model_choice=model_choice, method=method)
+    return fresh.answer(request, GROUP, ticket, subject, len(BLANK), compute, failed, held)
 
 
 def headline(text: str, large: bool = True) -> dict:
@@ -262,7 +264,7 @@ def build(ctx: Context, picker: Picker) -> ClassifyTab:
     results = [labels, overlay, compute_time, verdict, explained]
     gr.on([image.change, button.click], None, [image], None, js=SCROLL_TO_RESULTS_JS)
     new_input = fresh.on_change([image.change, picker.active.change], [GROUP], [image, picker.active], blank, results)
-    handler = ctx.handler(show, "classify")
+    handler = ctx.handler(show, None)
     fresh.then(
         new_input,
         handler,

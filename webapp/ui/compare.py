@@ -83,6 +83,7 @@ def show(
         len(BLANK),
         lambda: compare(ctx, image, model_choice, *settings, progress=progress),
         lambda e: (*BLANK[:2], fresh.problem(e)),
+        ctx.held("compare", image=image, model_choice=model_choice),
     )
 
 
@@ -116,7 +117,7 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
     c = classify
     fresh.listen(
         [button.click],
-        ctx.handler(show, "compare"),
+        ctx.handler(show, None),
         [c.image, picker.active, c.target, c.layer, c.head, c.head_fusion, c.discard, c.opacity],
         [gallery, table, text],
         concurrency_id=COMPUTE,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import gradio as gr
@@ -46,11 +47,20 @@ class Context:
     def costs(self) -> Costs:
         return Costs(self.models.loaded, lambda: self.device, len(EXAMPLES))
 
-    def handler(self, fn: Callable, work: str) -> Callable:
+    def handler(self, fn: Callable, work: str | None) -> Callable:
         """``fn(ctx, ...)`` as an event handler: bound to this context, so that Gradio reads the rest of its
         signature (the API's parameter names and defaults, ``gr.Progress``, ``gr.SelectData``); see ``admitted``
-        for ``work``. Register compute handlers with ``concurrency_id=admission.COMPUTE``."""
-        return self.admitted(types.MethodType(fn, self), work)
+        for ``work``. Register compute handlers with ``concurrency_id=admission.COMPUTE``. ``work=None``: a page
+        handler, which holds the gate itself (``held``, inside ``fresh.answer``)."""
+        bound = types.MethodType(fn, self)
+        return self.gpu(bound) if work is None else self.admitted(bound, work)
+
+    def held(self, work: str, **arguments: object) -> AbstractContextManager:
+        """The memory gate's hold for a page request (``work`` and the arguments ``Costs.of`` reads), for
+        ``fresh.answer`` to enter once the request is known to be the page's newest: a refusal ("busy") then
+        replaces that request's results in place, and the older answers it overtook are dropped, instead of a
+        toast over an older answer that no longer matches the settings. Nothing to hold without a gate."""
+        return nullcontext() if self.gate is None else self.gate.held(self.costs.of(work)(arguments))
 
     def admitted(self, fn: Callable, work: str) -> Callable:
         """``fn`` behind the server's memory gate, with the estimate of ``work`` (``Costs.of``: "classify",

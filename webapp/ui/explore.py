@@ -71,8 +71,8 @@ def picture(ctx: Context, image: str | None, model_choice: str, ticket: float | 
     def compute() -> tuple:
         return view(ctx, image, model_choice), *empty, HINT if image is not None else ""
 
-    subject = fresh.subject_of(image, model_choice)
-    return fresh.answer(request, GROUP, ticket, subject, 7, compute, lambda e: (None, *empty, fresh.problem(e)))
+    subject, held = fresh.subject_of(image, model_choice), ctx.held("view", image=image, model_choice=model_choice)
+    return fresh.answer(request, GROUP, ticket, subject, 7, compute, lambda e: (None, *empty, fresh.problem(e)), held)
 
 
 def point(
@@ -86,8 +86,8 @@ def point(
         x, y = explorer.from_view(ctx.analysis(image, model_choice), *evt.index)
         return round(x, 1), round(y, 1)
 
-    subject = fresh.subject_of(image, model_choice)
-    return fresh.answer(request, POINT, ticket, subject, 2, user_errors(compute), lambda e: (gr.skip(), gr.skip()))
+    subject, held = fresh.subject_of(image, model_choice), ctx.held("view", image=image, model_choice=model_choice)
+    return fresh.answer(request, POINT, ticket, subject, 2, user_errors(compute), lambda e: (gr.skip(),) * 2, held)
 
 
 def redraw(
@@ -121,7 +121,8 @@ def redraw(
     def failed(message: str) -> tuple:
         return gr.skip(), None, None, None, fresh.problem(message)
 
-    return fresh.answer(request, GROUP, ticket, fresh.subject_of(image, model_choice), 5, user_errors(compute), failed)
+    subject, held = fresh.subject_of(image, model_choice), ctx.held("explore", image=image, model_choice=model_choice)
+    return fresh.answer(request, GROUP, ticket, subject, 5, user_errors(compute), failed, held)
 
 
 @dataclass
@@ -200,7 +201,7 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> ExploreTab:
     )
     fresh.then(
         cleared,
-        ctx.handler(picture, "view"),
+        ctx.handler(picture, None),
         [image, active],
         [view_image, point_x, point_y, *maps],
         concurrency_id=COMPUTE,
@@ -208,7 +209,7 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> ExploreTab:
     )
     clicked = fresh.listen(
         [view_image.select],
-        ctx.handler(point, "view"),
+        ctx.handler(point, None),
         [image, active],
         [point_x, point_y],
         show_progress="hidden",
@@ -218,7 +219,7 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> ExploreTab:
     settings = [layer, head, classify.head_fusion, classify.discard, classify.opacity]
     inputs, outputs = [image, active, point_x, point_y, *settings], [view_image, *maps]
     # redrawn after a click, a typed point or a setting; not on the point's `change`, which clearing it fires too
-    redrawn = ctx.handler(redraw, "explore")
+    redrawn = ctx.handler(redraw, None)
     fresh.then(
         clicked,
         redrawn,

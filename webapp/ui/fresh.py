@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import gradio as gr
@@ -118,15 +119,20 @@ def answer(
     n: int,
     compute: Callable[[], Sequence],
     failed: Callable[[str], Sequence],
+    held: AbstractContextManager,
 ) -> tuple:
     """``compute()``'s ``n`` outputs for a ticketed request about ``subject``, or ``failed(message)`` in their
     place when it raises a ``gr.Error`` (a bad upload, a refused setting: ``errors.user_errors`` turns those
-    into ``gr.Error``); ``n`` skips when the answer is stale (``Tickets``), before or after it is computed."""
+    into ``gr.Error``); ``n`` skips when the answer is stale (``Tickets``), before or after it is computed.
+    ``held`` (``Context.held``: the server's memory gate; every page request passes it) is entered after the
+    ticket is recorded, so that a request refused for memory still overtakes the older ones and says so in place
+    of its results."""
     page = getattr(request, "session_hash", None)
     if not TICKETS.start(page, group, ticket, subject):
         return (gr.skip(),) * n
     try:
-        out = tuple(compute())
+        with held:
+            out = tuple(compute())
     except gr.Error as e:
         out = tuple(failed(str(e.message)))
     return out if TICKETS.current(page, group, ticket, subject) else (gr.skip(),) * n

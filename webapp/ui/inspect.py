@@ -40,7 +40,8 @@ def show(ctx: Context, model_choice: str, ticket: float | None, request: gr.Requ
     def failed(message: str) -> tuple:
         return *BLANK[:3], fresh.problem(message)
 
-    return fresh.answer(request, GROUP, ticket, subject, len(BLANK), lambda: inspect(ctx, model_choice), failed)
+    held = ctx.held("inspect", model_choice=model_choice)
+    return fresh.answer(request, GROUP, ticket, subject, len(BLANK), lambda: inspect(ctx, model_choice), failed, held)
 
 
 def build(ctx: Context, picker: Picker) -> None:
@@ -60,7 +61,7 @@ def build(ctx: Context, picker: Picker) -> None:
     outputs = [filters, similarity, distance, summary]
     fresh.listen(
         [button.click],
-        ctx.handler(show, "inspect"),
+        ctx.handler(show, None),
         [picker.active],
         outputs,
         concurrency_id=COMPUTE,
