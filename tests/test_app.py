@@ -43,24 +43,28 @@ HEADS = json.loads((BUNDLED / "config.json").read_text())["model_args"]["num_hea
 
 
 @pytest.fixture(scope="module")
-def server():
-    """The app as the README launches it: the bundled default model, no network."""
+def server(tmp_path_factory):
+    """The app as the README launches it: the bundled default model, no network. Its output goes to a file
+    (``server_log``): a pipe nobody reads would block the server once its buffer filled."""
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port), "--concurrency", "2"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    log = tmp_path_factory.mktemp("server") / "app.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port), "--concurrency", "2"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    proc.log = log
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 600  # a shared 2-core machine can take minutes to import torch and gradio
     client = None
     while time.time() < deadline and client is None:
         if proc.poll() is not None:
-            pytest.fail(f"app exited with {proc.returncode}:\n{proc.stdout.read()}")
+            pytest.fail(f"app exited with {proc.returncode}:\n{server_log(proc)}")
         try:
             client = Client(url, verbose=False)
         except Exception:
@@ -71,6 +75,11 @@ def server():
     yield proc, client, url
     proc.terminate()
     proc.wait(timeout=30)
+
+
+def server_log(proc: subprocess.Popen, tail: int = 4000) -> str:
+    """The last ``tail`` characters the ``server`` fixture's app has printed."""
+    return proc.log.read_text(errors="replace")[-tail:]
 
 
 def _unique_cat(i: int) -> Path:

@@ -20,6 +20,7 @@ import re
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from PIL import Image
 
 import vit_core
 from tests.hub_server import transformers_vit_files
-from tests.test_app import CAT, ROOT, server  # noqa: F401 (fixture)
+from tests.test_app import CAT, ROOT, server, server_log  # noqa: F401 (fixture)
 from webapp.catalog import BUNDLED, imagenet_names
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -353,10 +354,10 @@ def test_every_tab_drops_the_previous_images_and_models_results(page, runs, tmp_
 
 @pytest.mark.xfail(
     strict=False,
-    reason="known intermittent bug (1 of 3 runs on 2026-11-25): Raw attention chosen while a RISE map computes was "
-    "never answered, the radio and the map disagreeing; to fix in webapp.ui.fresh, then drop this mark",
+    reason="intermittent (1 of 3 runs on 2026-11-25, none in 17 runs since): Raw attention chosen while a RISE map "
+    "computes was never answered; when it recurs, the warnings summary holds what the page and server went through",
 )
-def test_a_setting_changed_while_classify_runs_is_the_one_shown(page, tmp_path):
+def test_a_setting_changed_while_classify_runs_is_the_one_shown(page, server, tmp_path):  # noqa: F811
     """The map of RISE (hundreds of forward passes) is still running when Raw attention is chosen: the raw
     attention map, asked for last, is the one left on screen, however the answers arrive. Then every setting
     re-renders without pressing Classify."""
@@ -369,7 +370,12 @@ def test_a_setting_changed_while_classify_runs_is_the_one_shown(page, tmp_path):
     page.locator("#verdict").get_by_text("Classifying").wait_for()  # its RISE map has started
     page.get_by_role("radio", name="Raw attention").check()
     explains = page.locator("#explains")
-    explains.get_by_text("attention maps are the same for every class").wait_for()
+    try:
+        explains.get_by_text("attention maps are the same for every class").wait_for()
+    except sync_api.TimeoutError:
+        # an xfail hides its exception: say what the page and the server went through where the summary shows it
+        warnings.warn(f"no Raw attention answer:\n{_diagnosis(page, server[0])}", stacklevel=1)
+        raise
     page.wait_for_timeout(max(3000, round(2000 * rise_s)))  # the RISE run ends meanwhile
     assert page.get_by_role("radio", name="Raw attention").is_checked()
     assert "attention maps are the same for every class; layer 1 (the last), mean of heads" in _text(page, "#explains")
@@ -387,6 +393,15 @@ def test_a_setting_changed_while_classify_runs_is_the_one_shown(page, tmp_path):
     target.fill("dog")
     target.press("Enter")
     explains.get_by_text("Map explains: dog").wait_for()
+
+
+def _diagnosis(page, proc) -> str:
+    """What the Classify results went through (``_watch``), the radio's choice, any toast and the server's log."""
+    checked = page.locator("input[type=radio]:checked").evaluate_all("els => els.map(e => e.value)")
+    return (
+        f"states seen: {page.evaluate('window.__seen')}\nradios checked: {checked}\n"
+        f"toasts: {page.locator('.toast-body').all_inner_texts()}\nserver log:\n{server_log(proc)}"
+    )
 
 
 def test_a_bad_file_replaces_the_answer_in_place_without_a_toast(page, tmp_path):
