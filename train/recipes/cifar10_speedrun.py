@@ -3,11 +3,11 @@ transformer blocks, the paper's hybrid (section 3.1) for issue #27's 94% target.
 
 The CNN is airbench94's: a frozen 2x2 whitening convolution computed from the training images, then three
 conv-pool-BatchNorm-GELU groups of widths 64, 256, 256 (the third without its pool, so its 8x8 map gives 64
-tokens to the transformer), trained as airbench trains it: SGD with Nesterov momentum 0.85 at batch 1024,
-BatchNorm scales fixed and its shifts at 64 times the learning rate, label smoothing 0.2, airbench's lookahead
-and its triangular schedule (warmup over 23% of the steps, then a straight line down). The 2 transformer
-blocks (width 256, 4 heads, MLP 512, average pooling) train with AdamW. Images 45,000-49,999 are held out
-for `train calibrate`, as for the bundle.
+tokens to the transformer), trained as airbench trains it: Dirac initialisation, SGD with Nesterov momentum
+0.85 at batch 1024, BatchNorm scales fixed and its shifts at 64 times the learning rate, label smoothing 0.2,
+alternating flips, airbench's lookahead and its triangular schedule (warmup over 23% of the steps, then a
+straight line down). The 2 transformer blocks (width 256, 4 heads, MLP 512, average pooling) train with
+AdamW. Images 45,000-49,999 are held out for `train calibrate`, as for the bundle.
 """
 
 from train import load_recipe
@@ -31,7 +31,8 @@ recipe = cpu | dict(
         mlp_ratio=2.0,
         crop_mode="squash",  # photos of any aspect are squashed whole to 32x32, as CIFAR's images were made
     ),
-    augment=cpu["augment"] | dict(padding=2),
+    stem_init="dirac",  # airbench's: each convolution starts by passing its input through
+    augment=cpu["augment"] | dict(padding=2, hflip="alternate"),  # each image mirrored on every other epoch
     train_subset=[0, 45000],
     eval_subset=2000,  # 2,000 test images per epoch; `train eval` measures all 10,000
     epochs=EPOCHS,
