@@ -309,6 +309,18 @@ def test_train_eval_finetune_and_push(capsys, tmp_path, monkeypatch):
     assert main([*evaluate, "--tta", "flip"]) == 0
     assert "flip TTA): top-1" in capsys.readouterr().out
     assert json.loads((run / "eval_test_flip.json").read_text())["tta"] == "flip"
+    # a range of the fixed shuffle (the held-out images, for CIFAR-10): two ranges partition the split
+    confusion = {}
+    for name, subset in (("all", []), ("head", ["--subset", "0", "20"]), ("tail", ["--subset", "20", "48"])):
+        out = tmp_path / f"eval_{name}"
+        assert main([*evaluate, "--split", "train", *subset, "--out", str(out)]) == 0
+        confusion[name] = json.loads((out / "eval_train.json").read_text())["confusion"]
+    assert sum(map(sum, confusion["head"])) == 20 and sum(map(sum, confusion["tail"])) == 28
+    summed = [
+        [a + b for a, b in zip(*rows, strict=True)] for rows in zip(confusion["head"], confusion["tail"], strict=True)
+    ]
+    assert summed == confusion["all"]
+    assert "--subset takes N > 0, or A B with 0 <= A < B" in cli_error(capsys, *evaluate[:-1], "--subset", "5", "5")
 
     # fine-tune at a higher resolution, then push (the Hub call is replaced: no network in tests)
     pushed = {}

@@ -9,6 +9,7 @@
     torchrun --nproc_per_node 4 -m train --recipe cifar10_vit     # data-parallel, same recipe
     python -m train eval --model runs/c10 --data cifar10
     python -m train eval --model runs/c10 --data cifar10 --tta flip   # average with the mirrored image
+    python -m train eval --model runs/c10 --data cifar10 --split train --subset 45000 50000  # calibrate's held-out
     python -m train calibrate --model runs/c10                     # temperature + OOD threshold into config.json
     python -m train list
 
@@ -101,7 +102,14 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="dataset: mnist | fashion-mnist | cifar10 | a folder | hf:<name>")
     p.add_argument("--split", default="test", choices=("train", "test", "val"))
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--subset", type=int, metavar="N", help="evaluate on N images (a fixed random subset)")
+    p.add_argument(
+        "--subset",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="evaluate on N images, or with two numbers A B on images A..B-1, of the split's fixed shuffle (as a "
+        "recipe's train_subset): --split train --subset 45000 50000 are the images `train calibrate` holds out",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--workers", type=int, default=0)
     p.add_argument(
@@ -214,6 +222,18 @@ def run_train(argv: list[str]) -> None:
         print(f"pushed {args.out} to {url}")
 
 
+def eval_images(numbers: list[int] | None) -> int | list[int] | None:
+    """``eval --subset``: N (the first N images of the fixed shuffle) or A B (images A..B-1), as ``fixed_subset``
+    takes them."""
+    if numbers is None:
+        return None
+    if len(numbers) == 1 and numbers[0] > 0:
+        return numbers[0]
+    if len(numbers) == 2 and 0 <= numbers[0] < numbers[1]:
+        return numbers
+    raise RecipeError(f"--subset takes N > 0, or A B with 0 <= A < B; got {' '.join(map(str, numbers))}")
+
+
 def run_eval(argv: list[str]) -> None:
     args = eval_parser().parse_args(argv)
     result = evaluate_checkpoint(
@@ -222,7 +242,7 @@ def run_eval(argv: list[str]) -> None:
         split=args.split,
         batch_size=args.batch_size,
         device=args.device,
-        subset=args.subset,
+        subset=eval_images(args.subset),
         workers=args.workers,
         progress=not args.no_progress,
         tta=args.tta,

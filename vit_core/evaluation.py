@@ -148,7 +148,7 @@ def evaluate_checkpoint(
     split: str = "test",
     batch_size: int = 256,
     device: str = "auto",
-    subset: int | None = None,
+    subset: int | list[int] | None = None,
     workers: int = 0,
     progress: bool = True,
     tta: str | None = None,
@@ -156,8 +156,9 @@ def evaluate_checkpoint(
     """:func:`evaluate` of a checkpoint (run folder, Hub id, timm:<name>) on a dataset split, preprocessed as
     the checkpoint's config says, its probabilities calibrated as its config says; ``tta`` averages each
     image's prediction over its views (see :func:`tta_views`). A model trained on some of the data's classes
-    (recipe ``classes``) is evaluated on the images of those. Adds ``labels``, ``model``, ``data``, ``split``
-    and ``tta`` to :func:`evaluate`'s result."""
+    (recipe ``classes``) is evaluated on the images of those. ``subset``: N images or [a, b] of the split's fixed
+    shuffle (``data.fixed_subset``). Adds ``labels``, ``model``, ``data``, ``split`` and ``tta`` to
+    :func:`evaluate`'s result."""
     procs = setup_processes(device)
     try:
         net = load_init(str(model)).to(procs.device).eval()
