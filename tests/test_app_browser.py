@@ -354,7 +354,7 @@ def test_every_tab_drops_the_previous_images_and_models_results(page, runs, tmp_
 
 @pytest.mark.xfail(
     strict=False,
-    reason="intermittent (1 of 3 runs on 2026-11-25, none in 17 runs since): Raw attention chosen while a RISE map "
+    reason="intermittent (1 of 3 runs on 2026-11-25, none in 27 runs since): Raw attention chosen while a RISE map "
     "computes was never answered; when it recurs, the warnings summary holds what the page and server went through",
 )
 def test_a_setting_changed_while_classify_runs_is_the_one_shown(page, server, tmp_path):  # noqa: F811
