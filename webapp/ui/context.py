@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import gradio as gr
@@ -55,12 +55,18 @@ class Context:
         bound = types.MethodType(fn, self)
         return self.gpu(bound) if work is None else self.admitted(bound, work)
 
-    def held(self, work: str, **arguments: object) -> AbstractContextManager:
+    @contextmanager
+    def held(self, work: str, **arguments: object) -> Iterator[None]:
         """The memory gate's hold for a page request (``work`` and the arguments ``Costs.of`` reads), for
         ``fresh.answer`` to enter once the request is known to be the page's newest: a refusal ("busy") then
         replaces that request's results in place, and the older answers it overtook are dropped, instead of a
-        toast over an older answer that no longer matches the settings. Nothing to hold without a gate."""
-        return nullcontext() if self.gate is None else self.gate.held(self.costs.of(work)(arguments))
+        toast over an older answer that no longer matches the settings. The estimate is made on entering (a stale
+        request reads no header); nothing to hold without a gate."""
+        if self.gate is None:
+            yield
+            return
+        with self.gate.held(self.costs.of(work)(arguments)):
+            yield
 
     def admitted(self, fn: Callable, work: str) -> Callable:
         """``fn`` behind the server's memory gate, with the estimate of ``work`` (``Costs.of``: "classify",
