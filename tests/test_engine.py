@@ -574,6 +574,28 @@ def test_channels_last_trains_the_same_model(tmp_path):
         torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=1e-3, msg=k)
 
 
+def test_cpu_precision_bf16_trains_in_bf16_only_where_the_cpu_has_bf16_units(tmp_path, monkeypatch, capsys):
+    """cpu_precision bf16 on a CPU with bf16 units: the passes run in bf16, so a conv-stem hybrid's losses are
+    fp32's to within bf16's rounding but not bit for bit. Without the units (emulated bf16 would be far
+    slower) the run says so and trains exactly as in fp32."""
+    data = make_image_folder(tmp_path / "data")
+    stem = dict(TINY, patch_size=1, stem_channels=(4, 8), stem_strides=(1, 1), stem_pools=(2, 2))
+    recipe = tiny_recipe(data, model_args=stem, epochs=1, cpu_precision="bf16")
+
+    def loss(name: str, **changes) -> float:
+        return train(recipe | changes, tmp_path / name, progress=False).history[0]["train_loss"]
+
+    fp32 = loss("fp32", cpu_precision="fp32")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)  # emulated on a CPU without
+    bf16 = loss("bf16")
+    assert bf16 != fp32 and bf16 == pytest.approx(fp32, rel=0.02), (bf16, fp32)
+    capsys.readouterr()
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    assert loss("no_units") == fp32
+    assert "this CPU has no bf16 units (AVX-512 BF16 or AMX), so the run trains in fp32" in capsys.readouterr().out
+
+
 def test_resume_guards(tmp_path):
     data = make_image_folder(tmp_path / "data")
     recipe = tiny_recipe(data, epochs=2, model_args=dict(TINY, mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2)))

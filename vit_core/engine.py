@@ -101,6 +101,19 @@ def train(
         procs.close()
 
 
+def autocast_dtype(recipe: Recipe, device: torch.device) -> torch.dtype | None:
+    """The dtype the forward and backward passes autocast to (None: fp32): ``precision`` on CUDA,
+    ``cpu_precision`` on a CPU, where bf16 needs the CPU's bf16 units (emulated, it would be far slower)."""
+    if device.type == "cuda":
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(recipe.precision)
+    if recipe.cpu_precision != "bf16":
+        return None
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return torch.bfloat16
+    print("cpu_precision bf16: this CPU has no bf16 units (AVX-512 BF16 or AMX), so the run trains in fp32", flush=True)
+    return None
+
+
 class _Run:
     """The state of one training run on one process: data, model, optimizer, schedule, EMA."""
 
@@ -130,8 +143,7 @@ class _Run:
         self.scheduler = build_scheduler(self.optimizer, recipe, len(self.train_batches))
         self.ema = build_ema(self.net, recipe)
         self.lookahead = build_lookahead(self.net, recipe, len(self.train_batches))
-        cuda = procs.device.type == "cuda"
-        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(recipe.precision) if cuda else None
+        self.amp_dtype = autocast_dtype(recipe, procs.device)
         self.scaler = torch.amp.GradScaler(procs.device.type, enabled=self.amp_dtype == torch.float16)
         self.mixup, self.criterion = build_loss(recipe, self.classes)
         if self.mixup is not None and per_rank % 2:
@@ -144,7 +156,7 @@ class _Run:
         self.forward: nn.Module = self.net
         if procs.world > 1:
             self.forward = nn.parallel.DistributedDataParallel(
-                self.net, device_ids=[procs.device.index] if cuda else None
+                self.net, device_ids=[procs.device.index] if procs.device.type == "cuda" else None
             )
         if recipe.compile:
             self.forward = torch.compile(self.forward)
@@ -198,7 +210,9 @@ class _Run:
             self._commit(self.start_epoch, state=None)
 
     def autocast(self) -> AbstractContextManager:
-        return torch.autocast("cuda", dtype=self.amp_dtype) if self.amp_dtype is not None else nullcontext()
+        if self.amp_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.procs.device.type, dtype=self.amp_dtype)
 
     def train_epoch(self, epoch: int, bar: _Progress) -> dict[str, Any]:
         recipe, net, optimizer = self.recipe, self.net, self.optimizer
