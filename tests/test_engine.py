@@ -596,6 +596,25 @@ def test_cpu_precision_bf16_trains_in_bf16_only_where_the_cpu_has_bf16_units(tmp
     assert "this CPU has no bf16 units (AVX-512 BF16 or AMX), so the run trains in fp32" in capsys.readouterr().out
 
 
+def test_micro_batches_give_the_whole_batchs_step(tmp_path):
+    """micro_batch: a batch of 8 as 4 passes of 2 images whose gradients add up, then one step. Without
+    BatchNorm that is the whole batch's step, so the weights and the loss end as in the run without it (up
+    to float rounding); a micro-batch that does not split the batch is refused."""
+    data = make_image_folder(tmp_path / "data")
+    recipe = tiny_recipe(data, batch_size=8, opt="sgd", lr=0.05, label_smoothing=0.1)
+    whole = train(recipe, tmp_path / "whole", progress=False)
+    parts = train(recipe | {"micro_batch": 2}, tmp_path / "parts", progress=False)
+    a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "parts")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
+    for epoch_a, epoch_b in zip(whole.history, parts.history, strict=True):
+        assert epoch_a["train_loss"] == pytest.approx(epoch_b["train_loss"], rel=1e-5)
+        assert epoch_a["train_top1"] == epoch_b["train_top1"]
+    with pytest.raises(RecipeError, match="micro_batch 3 does not split the batch of 8 per process"):
+        train(recipe | {"micro_batch": 3}, tmp_path / "three", progress=False)
+
+
 def test_resume_guards(tmp_path):
     data = make_image_folder(tmp_path / "data")
     recipe = tiny_recipe(data, epochs=2, model_args=dict(TINY, mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2)))

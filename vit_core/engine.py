@@ -146,6 +146,9 @@ class _Run:
         self.amp_dtype = autocast_dtype(recipe, procs.device)
         self.scaler = torch.amp.GradScaler(procs.device.type, enabled=self.amp_dtype == torch.float16)
         self.mixup, self.criterion = build_loss(recipe, self.classes)
+        self.micro_batch = recipe.micro_batch or per_rank
+        if per_rank % self.micro_batch:
+            raise RecipeError(f"micro_batch {recipe.micro_batch} does not split the batch of {per_rank} per process")
         if self.mixup is not None and per_rank % 2:
             raise RecipeError(f"mixup/cutmix need an even batch per process, got {per_rank}")
 
@@ -225,15 +228,22 @@ class _Run:
             target = y
             if self.mixup is not None:
                 x, target = self.mixup(x, y)
-            with self.autocast():
-                if self.mpp:
-                    logits, y = self.forward(x)  # predictions for the corrupted patches and their colours
-                    loss = F.cross_entropy(logits.float(), y)
-                else:
-                    logits = self.forward(x)
-                    loss = self.criterion(logits.float(), target)
             optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(loss).backward()
+            for start in range(0, len(x), self.micro_batch):
+                part = slice(start, start + self.micro_batch)
+                with self.autocast():
+                    if self.mpp:  # predictions for the corrupted patches and their colours
+                        logits, truth = self.forward(x[part])
+                        loss = F.cross_entropy(logits.float(), truth)
+                    else:
+                        logits, truth = self.forward(x[part]), y[part]
+                        loss = self.criterion(logits.float(), target[part])
+                # each micro-batch's mean loss weighted by its share of the batch: the gradients sum to the batch's
+                self.scaler.scale(loss * (len(x[part]) / len(x))).backward()
+                with torch.no_grad():
+                    sums[0] += loss.detach().double() * len(truth)
+                    sums[1] += (logits.argmax(-1) == truth).sum() if self.mixup is None else 0
+                    sums[2] += len(truth)
             if recipe.grad_clip is not None:
                 self.scaler.unscale_(optimizer)
                 nn.utils.clip_grad_norm_(net.parameters(), recipe.grad_clip)
@@ -245,10 +255,6 @@ class _Run:
                 self.lookahead.update(net, step)
             if self.ema is not None:
                 self.ema.update(net, step=step)
-            with torch.no_grad():
-                sums[0] += loss.detach().double() * len(y)
-                sums[1] += (logits.argmax(-1) == y).sum() if self.mixup is None else 0
-                sums[2] += len(y)
             bar.step(epoch, i, loss, optimizer.param_groups[0]["lr"])
         self.procs.all_sum(sums)
         seconds = time.time() - t0

@@ -54,6 +54,11 @@ class Recipe:
     # --- optimisation
     epochs: int = 10
     batch_size: int = 128  # global: over all processes
+    # images per forward and backward pass (None: the whole batch of a process). A batch's micro-batches add
+    # up their gradients before its one optimizer step, which is the whole batch's, but BatchNorm normalises
+    # each micro-batch by its own statistics ("ghost batch norm") and updates its running averages once per
+    # micro-batch. On a CPU smaller passes stay in cache (bench.bench_cpu_bf16 --batch).
+    micro_batch: int | None = None
     opt: str = "adamw"  # any timm optimizer name: adamw, sgd, lamb, ...
     lr: float = 1e-3  # peak learning rate, after warmup
     weight_decay: float = 0.05
@@ -171,6 +176,8 @@ class Recipe:
                 f"warmup_epochs ({self.warmup_epochs:g}) must be less than epochs ({self.epochs}); "
                 "shorten it, e.g. --set warmup_epochs=0"
             )
+        if self.micro_batch is not None and self.micro_batch < 1:
+            problems.append(f"micro_batch must be >= 1, got {self.micro_batch}")
         if self.bn_momentum is not None and not 0 < self.bn_momentum <= 1:
             problems.append(f"bn_momentum must be in (0, 1], got {self.bn_momentum}")
         if self.ema_decay is not None and not 0 < self.ema_decay < 1:
