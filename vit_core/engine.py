@@ -229,6 +229,7 @@ class _Run:
             if self.mixup is not None:
                 x, target = self.mixup(x, y)
             optimizer.zero_grad(set_to_none=True)
+            batch_loss = torch.zeros((), device=x.device)
             for start in range(0, len(x), self.micro_batch):
                 part = slice(start, start + self.micro_batch)
                 with self.autocast():
@@ -239,7 +240,9 @@ class _Run:
                         logits, truth = self.forward(x[part]), y[part]
                         loss = self.criterion(logits.float(), target[part])
                 # each micro-batch's mean loss weighted by its share of the batch: the gradients sum to the batch's
-                self.scaler.scale(loss * (len(x[part]) / len(x))).backward()
+                share = len(x[part]) / len(x)
+                self.scaler.scale(loss * share).backward()
+                batch_loss += loss.detach() * share
                 with torch.no_grad():
                     sums[0] += loss.detach().double() * len(truth)
                     sums[1] += (logits.argmax(-1) == truth).sum() if self.mixup is None else 0
@@ -255,7 +258,7 @@ class _Run:
                 self.lookahead.update(net, step)
             if self.ema is not None:
                 self.ema.update(net, step=step)
-            bar.step(epoch, i, loss, optimizer.param_groups[0]["lr"])
+            bar.step(epoch, i, batch_loss, optimizer.param_groups[0]["lr"])
         self.procs.all_sum(sums)
         seconds = time.time() - t0
         row = {"epoch": epoch + 1, "train_loss": sums[0].item() / sums[2].item()}
