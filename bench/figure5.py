@@ -45,12 +45,13 @@ RUNS = ROOT / "runs" / "figure5"
 
 
 def budget_recipe(name: str, epochs: int) -> dict:
-    """``name``'s recipe shortened to ``epochs``: its warmup scaled with it, images 0-44,999, every test image."""
+    """``name``'s recipe shortened to ``epochs``: its warmup scaled with it, images 0-44,999, every test image,
+    in fp32 (a CPU-minute is then the same compute for every family, whatever bf16 units the CPU has)."""
     base = load_recipe(name)
     defaults = Recipe.from_dict(base)  # the recipe's epochs and warmup, or Recipe's defaults for them
     share = defaults.warmup_epochs / defaults.epochs
     changes = dict(epochs=epochs, warmup_epochs=round(share * epochs, 4), train_subset=[0, 45000], eval_subset=None)
-    return override(base, changes)
+    return override(base, changes | {"cpu_precision": "fp32"})
 
 
 def point(family: str, name: str, epochs: int, history: list[dict]) -> dict:

@@ -135,11 +135,12 @@ def test_figure5_ratios_interpolate_in_log_minutes(tmp_path):
     assert Image.open(tmp_path / "f.png").size == (700, 450)
 
 
-def test_figure5_budget_recipes_keep_the_warmup_share():
+def test_figure5_budget_recipes_keep_the_warmup_share_in_fp32():
     for name, budgets in figure5.FAMILIES.values():
         base = load_recipe(name)
         for epochs in budgets:
             r = Recipe.from_dict(figure5.budget_recipe(name, epochs))
             assert r.epochs == epochs and r.train_subset == [0, 45000] and r.eval_subset is None
+            assert r.cpu_precision == "fp32"  # the same compute per CPU-minute for every family
             share = base.get("warmup_epochs", 0.0) / base["epochs"]  # every family's recipe sets its epochs
             assert r.warmup_epochs == pytest.approx(share * epochs, abs=1e-4)
