@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from train import load_recipe
 from vit_core import VisionTransformer
+from vit_core.engine import cpu_has_bf16
 from vit_core.recipe import Recipe
 
 
@@ -50,8 +51,7 @@ def main() -> None:
         loss.backward()
         optimizer.step()
 
-    units = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    print(f"{args.recipe}: batch {args.batch}, {torch.get_num_threads()} threads, CPU bf16 units: {units}")
+    print(f"{args.recipe}: batch {args.batch}, {torch.get_num_threads()} threads, CPU bf16 units: {cpu_has_bf16()}")
     rates: dict[bool, list[float]] = {False: [], True: []}
     for bf16 in (False, True):  # warm-up: oneDNN picks its kernels on the first calls
         step(bf16)

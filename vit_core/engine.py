@@ -101,6 +101,11 @@ def train(
         procs.close()
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 units (AVX-512 BF16 or AMX), without which bf16 is emulated, far slower."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def autocast_dtype(recipe: Recipe, device: torch.device) -> torch.dtype | None:
     """The dtype the forward and backward passes autocast to (None: fp32): ``precision`` on CUDA,
     ``cpu_precision`` on a CPU, where bf16 needs the CPU's bf16 units (emulated, it would be far slower)."""
@@ -108,7 +113,7 @@ def autocast_dtype(recipe: Recipe, device: torch.device) -> torch.dtype | None:
         return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(recipe.precision)
     if recipe.cpu_precision != "bf16":
         return None
-    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+    if cpu_has_bf16():
         return torch.bfloat16
     print("cpu_precision bf16: this CPU has no bf16 units (AVX-512 BF16 or AMX), so the run trains in fp32", flush=True)
     return None
