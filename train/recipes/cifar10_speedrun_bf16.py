@@ -1,9 +1,9 @@
 """``cifar10_speedrun`` as fast as a CPU with bf16 units runs it, for issue #27: bf16 autocast and passes of 256
-images (an epoch 2.3 times as fast as the fp32 recipe's on 2 vCPUs of an AMD EPYC with AVX-512 BF16), so 36 epochs
-in 77.6 minutes there. The sixth attempt: level with the bundle on CIFAR-10 (93.91% with flips on the test set,
-93.92% on the held-out images, against 93.68 / 94.24%), 3 more of the 43 photos right, but its AttnLRP maps no
-longer beat the centre Gaussian on mean-fill deletion and its OOD AUROC on photos fell to 0.830, so not shipped
-(train/recipes/README.md). On a CPU without bf16 units it trains in fp32, and says so.
+images (epochs of 121-146 s on 2 vCPUs of an AMD EPYC with AVX-512 BF16, the fp32 recipe's 297-311 s in its
+log), so 36 epochs in 77.6 minutes there. The sixth attempt: level with the bundle on CIFAR-10 (93.91% with
+flips on the test set, 93.92% on the held-out images, against 93.68 / 94.24%), 3 more of the 43 photos right,
+but its AttnLRP maps no longer beat the centre Gaussian on mean-fill deletion and its OOD AUROC on photos fell
+to 0.830, so not shipped (train/recipes/README.md). On a CPU without bf16 units it trains in fp32, and says so.
 """
 
 from train import load_recipe
