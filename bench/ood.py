@@ -16,10 +16,12 @@ Protocols (inside = images of the model's classes, outside = images of none of t
   against the 78 of other things (``bench/ood_photos``: food, plants, household objects, tools, hobbies,
   people, buildings, interiors, landscapes, other animals; sources and licences in its ``SOURCES.md``).
 
-Every image goes through the model's own preprocessing and, as the app, the image and its mirror (``flip``
-views): the probabilities are their calibrated mean, a score is the mean of the two views' scores. Printed:
+Every image goes through the model's own preprocessing and, as the app, the views the model was calibrated
+for (``vit_core.calibration.calibrated_views``: the image and its mirror, ``flip``, unless ``train calibrate
+--tta`` said otherwise): the probabilities are their calibrated mean, a score is computed from all the views'
+outputs (``vit_core.ood``). Printed:
 
-1. ECE (15 bins) on the test images, single view and flip views, with the plain softmax and with the stored
+1. ECE (15 bins) on the test images, single view and the model's views, with the plain softmax and with the stored
    temperature (fitted by ``train calibrate`` on held-out training images, never on these). The bundled model
    stores none (it was trained on its held-out images): its rows show the temperature fitted on them anyway.
 2. Per protocol and score (``vit_core.ood``: msp, energy, knn, mahalanobis): AUROC (outside scoring higher)
@@ -46,6 +48,7 @@ import vit_core
 from bench.real_photos import PHOTOS, load_photos, print_table
 from vit_core.builders import load_data
 from vit_core.calibration import (
+    calibrated_views,
     expected_calibration_error,
     fit_temperature,
     forward_views,
@@ -64,19 +67,23 @@ OPEN_RECIPE = "cifar10_open6"
 
 @dataclass
 class Outputs:
-    """A model's flip views of some images: logits and pre-logit features per view, and the labels."""
+    """A model's views of some images: logits and pre-logit features per view, and the labels."""
 
     logits: list[torch.Tensor]
     features: list[torch.Tensor]
     weights: list[float]
     labels: torch.Tensor
 
-    def probs(self, T: float, views: int = 2) -> torch.Tensor:
-        w = [1.0] if views == 1 else self.weights
-        return mixture_log_probs(self.logits[:views], w, T).exp()
+    def probs(self, T: float, single: bool = False) -> torch.Tensor:
+        """The calibrated mean over the views (``single``: the first view, the image itself, alone)."""
+        if single:
+            return mixture_log_probs(self.logits[:1], [1.0], T).exp()
+        return mixture_log_probs(self.logits, self.weights, T).exp()
 
 
-def run(model: vit_core.VisionTransformer, batches, what: str, tta: str | None = "flip") -> Outputs:
+def run(model: vit_core.VisionTransformer, batches, what: str, tta: str | None = "model") -> Outputs:
+    """The model's outputs on ``batches`` for the ``tta`` views ("model": those it was calibrated for)."""
+    tta = calibrated_views(model) if tta == "model" else tta
     logits, features, labels = [], [], []
     for x, y in tqdm(batches, desc=what, leave=False):
         z, f, weights, _ = forward_views(model, x, tta)
@@ -87,7 +94,7 @@ def run(model: vit_core.VisionTransformer, batches, what: str, tta: str | None =
 
 
 def dataset_outputs(
-    model, data: str, split: str, subset, what: str, classes: list[str] | None = None, tta: str | None = "flip"
+    model, data: str, split: str, subset, what: str, classes: list[str] | None = None, tta: str | None = "model"
 ) -> Outputs:
     ds = load_data(data, split, build_transform(model.pretrained_cfg), subset)
     ds = class_subset(ds, classes if classes is not None else model_classes(model, ds.classes))
@@ -117,12 +124,12 @@ def fit_all(model, data: str) -> dict[str, dict[str, torch.Tensor]]:
     return {s: fit_statistics(s, bank.features[0], bank.labels, model.config.num_classes) for s in SCORES}
 
 
-def calibration_rows(name: str, out: Outputs, T: float) -> list[list[str]]:
+def calibration_rows(name: str, out: Outputs, T: float, views: str | None) -> list[list[str]]:
     rows = []
-    for views, label in ((1, "single view"), (2, "flip views")):
-        before = expected_calibration_error(out.probs(1.0, views), out.labels)
-        after = expected_calibration_error(out.probs(T, views), out.labels)
-        acc = (out.probs(T, views).argmax(-1) == out.labels).double().mean()
+    for single, label in ((True, "single view"), (False, f"{views} views")):
+        before = expected_calibration_error(out.probs(1.0, single), out.labels)
+        after = expected_calibration_error(out.probs(T, single), out.labels)
+        acc = (out.probs(T, single).argmax(-1) == out.labels).double().mean()
         rows.append(
             [name, label, f"{len(out.labels):,}", f"{100 * acc:.2f}%", f"{before:.4f}", f"{after:.4f}", f"{T:.4g}"]
         )
@@ -130,7 +137,7 @@ def calibration_rows(name: str, out: Outputs, T: float) -> list[list[str]]:
 
 
 def held_out_temperature(model, data: str) -> float:
-    """The temperature ``train calibrate`` fits (flip views of held-out training images), for a model that
+    """The temperature ``train calibrate`` fits (the model's views of held-out training images), for a model that
     stores none because it saw them: what calibrating on seen images would do."""
     held = dataset_outputs(model, data, "train", list(HELD_OUT), "held-out training images")
     return fit_temperature(held.logits, held.weights, held.labels)
@@ -209,7 +216,9 @@ def main(argv: list[str] | None = None) -> None:
         inside = dataset_outputs(model, "cifar10", "test", None, "open-set: known")
         outside = dataset_outputs(model, "cifar10", "test", None, "open-set: unknown", classes=unknown)
         s_in, s_out = all_scores(model, inside, stats), all_scores(model, outside, stats)
-        calib += calibration_rows(f"open-set ({len(known)} classes)", inside, temperature(model))
+        calib += calibration_rows(
+            f"open-set ({len(known)} classes)", inside, temperature(model), calibrated_views(model)
+        )
         scores += score_rows(f"open-set: {', '.join(unknown)} vs the {len(known)} known", s_in, s_out)
         decisions += decision_rows("open-set", model, inside, s_in, outside, s_out)
     if "far" in args.protocols or "photos" in args.protocols:
@@ -223,10 +232,14 @@ def main(argv: list[str] | None = None) -> None:
         inside = dataset_outputs(model, "cifar10", "test", None, "CIFAR-10 test")
         s_in = all_scores(model, inside, stats)
         if model.calibration.temperature is not None:
-            calib += calibration_rows("bundled (10 classes)", inside, model.calibration.temperature)
+            calib += calibration_rows(
+                "bundled (10 classes)", inside, model.calibration.temperature, calibrated_views(model)
+            )
         else:  # it saw its held-out images: what their temperature would do
             seen_t = held_out_temperature(model, "cifar10")
-            calib += calibration_rows("bundled, T fitted on seen images (not stored)", inside, seen_t)
+            calib += calibration_rows(
+                "bundled, T fitted on seen images (not stored)", inside, seen_t, calibrated_views(model)
+            )
         for data in ("mnist", "fashion-mnist"):
             outside = dataset_outputs(model, data, "test", args.far_images, data, classes=None)
             s_out = all_scores(model, outside, stats)

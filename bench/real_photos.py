@@ -1,20 +1,21 @@
 """Real-photo check: how a CIFAR-10 model does on freely licensed photos of its ten classes.
 
-    python -m bench.real_photos                  # the bundled model: plain and flip-TTA accuracy
+    python -m bench.real_photos                  # the bundled model: plain and as-the-app accuracy
     python -m bench.real_photos --model FOLDER   # another checkpoint folder or Hub id
-    python -m bench.real_photos --tta            # per-image table with flip TTA
+    python -m bench.real_photos --tta            # per-image table as the app predicts (its TTA views)
     python -m bench.real_photos --compare        # eval-crop variants side by side
 
 The photos live in ``bench/real_photos/<class>/*.jpg`` (sources and licences in ``SOURCES.md`` there), one
 folder per CIFAR-10 class, at most 256 px on the long side. Each photo is opened with
 ``vit_core.data.load_image`` and preprocessed with ``vit_core.data.build_transform(model.pretrained_cfg)``,
-exactly as the app does. Printed: top-1 accuracy per class and overall, without and with horizontal-flip
-test-time averaging (mean of the softmax of the image and of its mirror image: the app's probabilities, so
-the flip column is what the app gets right), split into full photos and
+exactly as the app does. Printed: top-1 accuracy per class and overall, of the image alone and of the app's
+probabilities (``vit_core.calibration.predict``: the softmaxes of the views the model was calibrated for,
+the image and its mirror, or, after ``train calibrate --tta flip-translate``, those pairs shifted 1 px too; so
+that column is what the app gets right), split into full photos and
 cut-outs (objects on a white background, the ``kind`` column of ``SOURCES.md``), and a per-image table
 (file, true class, prediction, confidence).
 
-``--compare`` evaluates other eval preprocessings on the same photos, each with and without flips:
+``--compare`` evaluates other eval preprocessings on the same photos, each alone and as the app:
 
 - ``cfg``: the checkpoint's own ``pretrained_cfg``;
 - ``center, crop_pct=1.0`` and ``center, crop_pct=0.875``: centre crops (shorter side resized to
@@ -37,6 +38,7 @@ import torch
 from PIL import Image
 
 import vit_core
+from vit_core import calibration
 from vit_core.data import build_transform, load_image
 from webapp.catalog import BUNDLED, ROOT
 
@@ -117,15 +119,13 @@ def variants(cfg: dict, compare: bool) -> list[Variant]:
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, photos: list[Photo], variant: Variant) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax probabilities (N, classes) without and with horizontal-flip averaging."""
+    """Softmax probabilities (N, classes) of the image alone, and the app's (the model's views, calibrated)."""
     transform = build_transform(variant.cfg)
     images = [load_image(p.path) for p in photos]
     if variant.before is not None:
         images = [variant.before(img) for img in images]
     x = torch.stack([transform(img) for img in images])
-    plain = model(x).softmax(-1)
-    flipped = model(x.flip(-1)).softmax(-1)
-    return plain, (plain + flipped) / 2
+    return model(x).softmax(-1), calibration.predict(model, x).probs
 
 
 def accuracy(correct: torch.Tensor, mask: torch.Tensor | None = None) -> str:
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(BUNDLED.relative_to(ROOT)), help="checkpoint folder or Hub id")
     ap.add_argument("--photos", type=Path, default=PHOTOS, help="folder of <class>/<image> files")
-    ap.add_argument("--tta", action="store_true", help="per-image table with horizontal-flip averaging")
+    ap.add_argument("--tta", action="store_true", help="per-image table as the app predicts (its TTA views)")
     ap.add_argument("--compare", action="store_true", help="also other eval crops (see the module docstring)")
     args = ap.parse_args(argv)
 
@@ -172,14 +172,15 @@ def main(argv: list[str] | None = None) -> None:
     runs = {v.name: predict(model, photos, v) for v in variants(model.pretrained_cfg, args.compare)}
     header, preds = ["class"], []
     for name, (plain, tta) in runs.items():
-        header += [f"{name}", f"{name} + flip"]
+        header += [f"{name}", f"{name}, as the app ({calibration.calibrated_views(model) or 'one view'})"]
         preds += [plain.argmax(-1), tta.argmax(-1)]
     print(f"{args.model}: {len(photos)} photos in {args.photos}\n")
     print_table(header, summary_rows(photos, targets, preds))
 
     probs = next(iter(runs.values()))[1 if args.tta else 0]
     conf, pred = probs.max(-1)
-    print(f"\nPer image ({next(iter(runs))}{', flip TTA' if args.tta else ''}):\n")
+    views = f", {calibration.calibrated_views(model)} TTA" if args.tta else ""
+    print(f"\nPer image ({next(iter(runs))}{views}):\n")
     rows = []
     for p, k, c, t in zip(photos, pred.tolist(), conf.tolist(), targets.tolist(), strict=True):
         file = p.path.relative_to(args.photos).as_posix()

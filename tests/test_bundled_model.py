@@ -8,7 +8,7 @@ import torch
 
 import vit_core
 from train import load_recipe
-from vit_core.calibration import expected_calibration_error, predict
+from vit_core.calibration import TTA_MODES, expected_calibration_error, predict
 from vit_core.data import build_dataset, build_transform, default_data_root, load_image
 from vit_core.recipe import Recipe
 from webapp.catalog import BUNDLED as BUNDLE
@@ -59,19 +59,19 @@ def test_bundle_classifies_the_app_examples(photo):
 @pytest.mark.skipif(not (default_data_root() / "cifar10").is_dir(), reason="CIFAR-10 not found under VIT_DATA")
 def test_bundle_is_calibrated_as_its_eval_reports():
     """The stored calibration loads: a temperature and an OOD detector fitted on training images 45,000-49,999,
-    which the bundle's recipe never trained on. On every fifth test image the flip-view ECE is the one
-    ``train eval --tta flip`` recorded for all 10,000 (within sampling noise), under the softmax's, and about a
-    tenth of the images are flagged (the threshold keeps 90% of the held-out images)."""
+    which the bundle's recipe never trained on, for the views the app averages. On every fifth test image the
+    ECE of those views is the one ``train eval --tta`` recorded for all 10,000 (within sampling noise), under
+    the softmax's, and about a tenth of the images are flagged (the threshold keeps 90% of the held-out images)."""
     model = vit_core.from_pretrained(BUNDLE).eval()
     cal = model.calibration
-    assert cal is not None and cal.temperature is not None and cal.tta == "flip" and "seen" not in cal.fitted_on
+    assert cal is not None and cal.temperature is not None and cal.tta in TTA_MODES and "seen" not in cal.fitted_on
     assert load_recipe(BUNDLED_RECIPES[0])["train_subset"] == [0, 45000] and "[45000, 50000)" in cal.fitted_on
     assert cal.ood is not None and cal.ood.score == "mahalanobis" and cal.ood.keep == 0.90
     test = build_dataset("cifar10", "test", transform=build_transform(model.pretrained_cfg))
     idx = torch.arange(0, 10000, 5)
     preds = [predict(model, test.transform(test.images[i])) for i in idx.split(500)]
     probs, flagged = torch.cat([p.probs for p in preds]), torch.cat([p.is_ood for p in preds])
-    recorded = json.loads((BUNDLE / "eval_test_flip.json").read_text())
+    recorded = json.loads((BUNDLE / f"eval_test_{cal.tta}.json").read_text())
     assert recorded["temperature"] == pytest.approx(cal.temperature) and recorded["ece"] < recorded["ece_uncalibrated"]
     assert expected_calibration_error(probs, test.targets[idx]) == pytest.approx(recorded["ece"], abs=0.015)
     assert 0.05 < flagged.float().mean().item() < 0.15  # the threshold keeps 90% of held-out training images

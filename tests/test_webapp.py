@@ -14,12 +14,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
+import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageOps
 
 import vit_core
 from vit_core import explain, methods
+from vit_core.calibration import Calibration, calibrated_views, predict
 from vit_core.data import ImageDataError, TooManyPixelsError, build_transform, load_image, read_header
 from webapp import analysis, batch, catalog, comparison, explorer, model_info, options, render, settings
 from webapp.admission import MB, Gate, rss
@@ -109,6 +111,26 @@ def test_probabilities_average_the_image_and_its_mirror(tmp_path, kind):
     with torch.no_grad():
         plain = a.model(tf(img)[None]).softmax(-1)[0]
     assert not torch.allclose(a.probs, plain, atol=1e-4)  # the mirror counts
+
+
+def test_probabilities_average_the_views_the_model_was_calibrated_for(tmp_path):
+    """A model calibrated for `flip-translate` views (`train calibrate --tta flip-translate`) is predicted with
+    them: airbench's six views, the image and its mirror at 1/4 each and the mirror pairs of the image shifted
+    1 px down-right and up-left (reflect-padded) at 1/8 each, each view's softmax at the stored temperature.
+    Brute force here with numpy's reflect padding on the preprocessed image."""
+    model = _model(**MODELS["hybrid"])
+    model.calibration = Calibration(0.7, "flip-translate", "flip-translate views of test images")
+    a = analyse(model, build_transform(model.pretrained_cfg), "calibrated", _photo(tmp_path), CPU)
+    x = a.x[0].numpy()
+    padded = np.pad(x, ((0, 0), (1, 1), (1, 1)), mode="reflect")
+    shifted = [padded[:, :-2, :-2], padded[:, 2:, 2:]]  # content moved down-right, then up-left
+    views = [(x, 0.25), (x[..., ::-1], 0.25)] + [(v[..., ::-1] if m else v, 0.125) for v in shifted for m in (0, 1)]
+    with torch.no_grad():
+        expected = sum(w * (model(torch.tensor(v.copy())[None]) / 0.7).softmax(-1)[0] for v, w in views)
+    torch.testing.assert_close(a.probs, expected, atol=1e-5, rtol=1e-4)
+    assert calibrated_views(model) == "flip-translate" and calibrated_views(_model()) == "flip"
+    flips = predict(model, a.x, tta="flip").probs[0]
+    assert not torch.allclose(a.probs, flips, atol=1e-4)  # the shifted views count
 
 
 def test_analyses_are_cached_by_content_and_bounded(tmp_path):
@@ -587,10 +609,14 @@ def test_a_request_refused_for_memory_says_so_in_place_and_still_overtakes_the_o
 def test_inspect_says_the_measured_accuracy_and_the_training_in_words(tmp_path):
     bundled = catalog.BUNDLED
     top1 = json.loads((bundled / "eval_test.json").read_text())["top1"]
-    flip = json.loads((bundled / "eval_test_flip.json").read_text())["top1"]
-    text = model_info.measured_accuracy(bundled)
+    flip, flip5 = (json.loads((bundled / "eval_test_flip.json").read_text())[k] for k in ("top1", "top5"))
+    both, both5 = (json.loads((bundled / "eval_test_flip-translate.json").read_text())[k] for k in ("top1", "top5"))
+    text = model_info.measured_accuracy(bundled, "flip")
     assert text.startswith(f"{top1:.2f}% top-1") and "on the 10,000 images of the cifar10 test split" in text
-    assert f"{flip:.2f}% top-1" in text and "flip averaging, as this app predicts" in text
+    assert f"{flip:.2f}% top-1 ({flip5:.2f}% top-5) with flip averaging, as this app predicts" in text
+    assert text.endswith(f"{both:.2f}% top-1 ({both5:.2f}% top-5) with flip-translate views")  # measured, not used
+    shifted = model_info.measured_accuracy(bundled, "flip-translate")  # a model calibrated for those views
+    assert "with flip averaging;" in shifted and "with flip-translate views, as this app predicts" in shifted
     last = json.loads((bundled / "metrics.jsonl").read_text().splitlines()[-1])
     training = model_info.training_summary(bundled)
     assert training.startswith(f"{last['epoch']} epochs in ")
@@ -602,7 +628,7 @@ def test_inspect_says_the_measured_accuracy_and_the_training_in_words(tmp_path):
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"epoch": 1, "train_loss": 2.0, "test_top1": 31.5}\n')
     assert model_info.training_summary(run) == "1 epoch; last epoch: training loss 2.000, 31.50% on the test split."
-    assert model_info.measured_accuracy(run).startswith("not measured on a whole test split")
+    assert model_info.measured_accuracy(run, "flip").startswith("not measured on a whole test split")
     assert model_info.training_summary(tmp_path) is None  # no metrics
     summary = model_info.summary(_model(), run)
     assert "| Accuracy (measured) | not measured" in summary and "| Training | 1 epoch;" in summary

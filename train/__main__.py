@@ -150,7 +150,10 @@ def calibrate_parser() -> argparse.ArgumentParser:
         help=f"training images whose features give the OOD statistics (default {OOD_FIT[0]} {OOD_FIT[1]})",
     )
     p.add_argument(
-        "--tta", choices=(*TTA_MODES, "none"), default="flip", help="the views calibrated for (the app: flip)"
+        "--tta",
+        choices=(*TTA_MODES, "none"),
+        default="flip",
+        help="the views calibrated for, which predict() and the app then average",
     )
     p.add_argument("--ood", choices=(*SCORES, "none"), default="mahalanobis", help="the out-of-distribution score")
     p.add_argument("--keep", type=float, default=0.95, help="share of held-out images under the OOD threshold")

@@ -154,6 +154,13 @@ class Calibration:
             raise ValueError(f"calibration fitted_on must be a string, got {self.fitted_on!r}")
 
 
+def calibrated_views(model: nn.Module) -> str | None:
+    """The views a prediction averages (:func:`tta_views`): those the model's temperature was fitted for
+    (``python -m train calibrate --tta``), or the image and its mirror for a model never calibrated."""
+    cal = getattr(model, "calibration", None)
+    return cal.tta if cal is not None else "flip"
+
+
 def temperature(model: nn.Module) -> float:
     """The model's temperature; 1 (the plain softmax) for a model without one."""
     cal = getattr(model, "calibration", None)
@@ -193,14 +200,18 @@ def forward_views(
 
 @torch.no_grad()
 def predict(
-    model: nn.Module, images: torch.Tensor, *, tta: str | None = "flip", return_attention: bool = False
+    model: nn.Module, images: torch.Tensor, *, tta: str | None = "model", return_attention: bool = False
 ) -> Prediction:
     """Class probabilities and the "none of my classes" decision for ``images`` (B, C, H, W), model-ready.
 
-    ``tta="flip"`` (the default, as the app) averages the image's and its mirror's softmax; the model's
-    temperature divides each view's logits first. With an OOD detector, its score is computed on the same
-    views and compared with the stored threshold; without one, ``ood_score`` and ``is_ood`` are None and
-    callers fall back to the confidence alone (``webapp.model_info.verdict``)."""
+    ``tta="model"`` (the default, as the app) averages the softmaxes of the views the model was calibrated
+    for (:func:`calibrated_views`: flips unless ``train calibrate --tta`` said otherwise); ``None`` or a mode of
+    :data:`TTA_MODES` picks them. The model's temperature divides each view's logits first. With an OOD
+    detector, its score is computed on the same views and compared with the stored threshold; without one,
+    ``ood_score`` and ``is_ood`` are None and callers fall back to the confidence alone
+    (``webapp.model_info.verdict``)."""
+    if tta == "model":
+        tta = calibrated_views(model)
     logits, features, weights, attentions = forward_views(model, images, tta, return_attention)
     probs = mixture_log_probs(logits, weights, temperature(model)).exp()
     cal = getattr(model, "calibration", None)

@@ -55,7 +55,7 @@ class Analysis:
     size: tuple[int, int]  # the upload's own (width, height): API coordinates are in these pixels
     crop: tuple[float, float, float, float]  # region the model saw, in the upload's pixels
     x: torch.Tensor  # (1, C, H, W) model input, CPU
-    probs: torch.Tensor  # (num_classes,) float32, CPU: the image's and its mirror's (``calibration.predict``)
+    probs: torch.Tensor  # (num_classes,) float32, CPU: over the model's views (``calibration.predict``)
     attentions: list[torch.Tensor]  # per block (1, heads, T, T) float32, CPU
     ood_score: float | None = None  # the model's "none of my classes" score; None: it has no detector
     is_ood: bool | None = None  # the score above the model's stored threshold; None: no detector
@@ -156,8 +156,8 @@ def analyse(
             size = size[::-1]
         x = transform(img).unsqueeze(0)
         shown = render.display_copy(img, MAX_SIDE)  # an extreme aspect ratio was kept larger for the model
-        with autocast(device):  # the image and its mirror, calibrated and checked where the model can be
-            p = predict(model, x.to(device), tta="flip", return_attention=True)
+        with autocast(device):  # the views the model was calibrated for, calibrated and checked where it can be
+            p = predict(model, x.to(device), return_attention=True)
         return Analysis(
             model=model,
             shown=shown,

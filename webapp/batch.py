@@ -206,8 +206,8 @@ def classify_batch(
 ) -> tuple[list[Item], list[tuple[Image.Image, str]]]:
     """Every upload of ``paths`` (``read_uploads``) with its probabilities or the reason it was skipped, and
     the gallery: an overlay with a caption per image. Images are decoded, classified and let go one at a
-    time, ``chunk_size(s.method)`` per forward pass; each item's ``probs`` are the mean of the image's and its
-    mirror's, as the Classify tab's (``vit_core.calibration.predict``), with its "none of my classes" decision.
+    time, ``chunk_size(s.method)`` per forward pass; each item's ``probs`` are the mean over the views the model was
+    calibrated for, as the Classify tab's (``vit_core.calibration.predict``), with its "none of my classes" decision.
     The map is ``s.method`` for each image's predicted class, with the options of ``s`` (raw attention: the
     last layer by default, heads averaged); only ``batchable`` methods: RISE, hundreds of forward passes per
     image, is for the Classify tab."""
@@ -249,7 +249,7 @@ def _classify_chunk(
     x = torch.stack([x for _, x, _ in chunk]).to(device)
     with autocast(device):
         _, maps = s.method.fn(model, x, **s.options(), return_logits=True)
-        p = predict(model, x, tta="flip")  # as the Classify tab: the image and its mirror, calibrated, checked
+        p = predict(model, x)  # as the Classify tab: the model's views, calibrated, checked
     gallery = []
     for j, ((item, _, shown), heat) in enumerate(zip(chunk, maps.float().cpu(), strict=True)):
         item.probs = p.probs[j].float().cpu()

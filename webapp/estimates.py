@@ -77,7 +77,7 @@ def model_bytes(cfg: ViTConfig, work: str, method: methods.Method | None, device
     ``images``: how many the Inspect tab runs."""
     if device.type != "cpu":
         return 0
-    analysis = forward_bytes(cfg, 1) + forward_bytes(cfg, 1, attention=False)  # the image and its mirror
+    analysis = forward_bytes(cfg, 1) + forward_bytes(cfg, 1, attention=False)  # the first view, then each other
     if work == "batch" and method is not None:
         factor = BACKWARD if method.cost.backward else 2
         return factor * forward_bytes(cfg, batch.chunk_size(method))

@@ -13,6 +13,7 @@ from PIL import Image
 from torch import nn
 
 from vit_core import VisionTransformer, figures, inspection
+from vit_core.calibration import calibrated_views
 from vit_core.run_folder import METRICS_NAME, RECIPE_NAME
 
 from .analysis import autocast
@@ -138,7 +139,7 @@ def summary(model: VisionTransformer, folder: Path | None) -> str:
         ("Classes", f"{cfg.num_classes}: {', '.join(names)[:300]}"),
     ]
     if folder is not None:
-        rows.append(("Accuracy (measured)", measured_accuracy(folder)))
+        rows.append(("Accuracy (measured)", measured_accuracy(folder, calibrated_views(model))))
         if (training := training_summary(folder)) is not None:
             rows.append(("Training", training))
     text = "| Property | Value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
@@ -157,10 +158,10 @@ def _json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def measured_accuracy(folder: Path) -> str:
+def measured_accuracy(folder: Path, views: str | None) -> str:
     """The accuracy ``python -m train eval`` measured on a whole split (its ``eval_*.json``): top-1 (top-5), on
-    how many images of which split, then with each test-time augmentation measured, flips first: they are what
-    this app computes (``vit_core.calibration.predict``)."""
+    how many images of which split, then with each test-time augmentation measured; the one of ``views``, the
+    views the model is calibrated for (``vit_core.calibration.calibrated_views``), is what this app computes."""
     results = [r for p in sorted(folder.glob("eval_*.json")) if (r := _json(p)) and isinstance(r.get("top1"), float)]
     if not results:
         return "not measured on a whole test split (no `eval_*.json`: `python -m train eval` writes one)"
@@ -170,13 +171,8 @@ def measured_accuracy(folder: Path) -> str:
         top5 = f" ({r['top5']:.2f}% top-5)" if isinstance(r.get("top5"), float) else ""
         images = f"the {count:,} images of " if isinstance(count, int) else ""
         on = f" on {images}the {r.get('data')} {r.get('split')} split" if tta is None or len(results) == 1 else ""
-        how = (
-            ""
-            if tta is None
-            else " with flip averaging, as this app predicts"
-            if tta == "flip"
-            else f" with {tta} views"
-        )
+        how = "" if tta is None else " with flip averaging" if tta == "flip" else f" with {tta} views"
+        how += ", as this app predicts" if tta == views else ""
         parts.append(f"{r['top1']:.2f}% top-1{top5}{on}{how}")
     return "; ".join(parts)
 
