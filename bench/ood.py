@@ -83,7 +83,6 @@ class Outputs:
 
 def run(model: vit_core.VisionTransformer, batches, what: str, tta: str | None = "model") -> Outputs:
     """The model's outputs on ``batches`` for the ``tta`` views ("model": those it was calibrated for)."""
-    tta = calibrated_views(model) if tta == "model" else tta
     logits, features, labels = [], [], []
     for x, y in tqdm(batches, desc=what, leave=False):
         z, f, weights, _ = forward_views(model, x, tta)

@@ -184,8 +184,10 @@ class Prediction:
 def forward_views(
     model: nn.Module, images: torch.Tensor, tta: str | None, return_attention: bool = False
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float], list[torch.Tensor] | None]:
-    """(logits per view, pre-logit features per view, view weights, the first view's attentions or None)."""
+    """(logits per view, pre-logit features per view, view weights, the first view's attentions or None) for
+    the ``tta`` views; ``"model"``: the views the model was calibrated for (:func:`calibrated_views`)."""
     logits, features, weights, attentions = [], [], [], None
+    tta = calibrated_views(model) if tta == "model" else tta
     for i, (view, w) in enumerate(tta_views(images, tta)):
         if return_attention and i == 0:
             tokens, attentions = model.forward_features(view, return_attention=True)
@@ -210,8 +212,6 @@ def predict(
     detector, its score is computed on the same views and compared with the stored threshold; without one,
     ``ood_score`` and ``is_ood`` are None and callers fall back to the confidence alone
     (``webapp.model_info.verdict``)."""
-    if tta == "model":
-        tta = calibrated_views(model)
     logits, features, weights, attentions = forward_views(model, images, tta, return_attention)
     probs = mixture_log_probs(logits, weights, temperature(model)).exp()
     cal = getattr(model, "calibration", None)
