@@ -584,11 +584,12 @@ def test_gamma_rule_on_a_convolution_matches_its_formula(signed, bias):
 
 @pytest.mark.skipif(not (default_data_root() / "cifar10").is_dir(), reason="CIFAR-10 not found under VIT_DATA")
 def test_attnlrp_beats_the_centre_gaussian_on_the_bundled_model():
-    """The app's default map on real data: on CIFAR-10 test images (every 250th, 40 images; 300 in
-    bench/results/explain_cifar10_speedrun.md) AttnLRP deletes the class evidence sooner and reveals it sooner than
-    the centre Gaussian, the map that ignores the image, and does so under ROAD's imputation too (measured on the
-    bundle: deletion 0.202 against 0.239, insertion 0.528 against 0.490, MoRF 0.256 against 0.339, LeRF 0.729
-    against 0.612)."""
+    """The app's default map on real data: on CIFAR-10 test images (every 250th, 40 images) AttnLRP reveals the
+    class evidence sooner than the centre Gaussian, the map that ignores the image, and under ROAD's imputation
+    removes it sooner and keeps it longer (measured on the bundle: insertion 0.523 against 0.458, MoRF 0.248
+    against 0.323, LeRF 0.732 against 0.662). Its lead on mean-fill deletion is small (0.006 ± 0.004 over 1,000
+    images: ``test_attnlrp_leads_the_centre_gaussian_on_1000_images``), within what 40 images resolve, so here the
+    map is only held to not trail the centre there (0.207 against 0.218; a random map trails by 0.09)."""
     from vit_core import road
 
     model = vit_core.from_pretrained(BUNDLE).eval()
@@ -596,8 +597,33 @@ def test_attnlrp_beats_the_centre_gaussian_on_the_bundled_model():
     x = test.transform(test.images[torch.arange(0, 10000, 250)])
     ours = faithfulness.deletion_insertion_auc(model, x, lrp.attnlrp, steps=16)
     centre = faithfulness.deletion_insertion_auc(model, x, explain.centre_gaussian_map, steps=16)
-    assert ours["deletion"].mean() < centre["deletion"].mean() - 0.02
-    assert ours["insertion"].mean() > centre["insertion"].mean() + 0.015
+    assert ours["insertion"].mean() > centre["insertion"].mean() + 0.03
+    assert ours["deletion"].mean() < centre["deletion"].mean() + 0.01
     ours, centre = road.road(model, x, lrp.attnlrp), road.road(model, x, explain.centre_gaussian_map)
-    assert ours["morf"].mean() < centre["morf"].mean() - 0.05
-    assert ours["lerf"].mean() > centre["lerf"].mean() + 0.05
+    assert ours["morf"].mean() < centre["morf"].mean() - 0.04
+    assert ours["lerf"].mean() > centre["lerf"].mean() + 0.04
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (default_data_root() / "cifar10").is_dir(), reason="CIFAR-10 not found under VIT_DATA")
+def test_attnlrp_leads_the_centre_gaussian_on_1000_images():
+    """Mean-fill deletion and insertion on the 1,000 test images of ``bench.explain_sanity --n 1000`` (about 5
+    minutes on 2 cores): AttnLRP (γ = 0.1) deletes the bundle's class evidence sooner than the centre Gaussian and
+    reveals it sooner (measured: deletion 0.2386 against 0.2446, −0.0061 ± 0.0039 paired; insertion +0.100 ±
+    0.005), and γ = 0.1 beats the previous default 0.25 on both (−0.0054 ± 0.0018, +0.0051 ± 0.0018)."""
+    model = vit_core.from_pretrained(BUNDLE).eval()
+    test = build_dataset("cifar10", "test", transform=build_transform(model.pretrained_cfg))
+    idx = torch.randperm(10000, generator=torch.Generator().manual_seed(0))[:1000]
+    scores = {}
+    for name, fn in {
+        "ours": lrp.attnlrp,
+        "gamma_0.25": lambda m, x: lrp.attnlrp(m, x, conv_gamma=0.25),
+        "centre": explain.centre_gaussian_map,
+    }.items():
+        x = [test.transform(test.images[i]) for i in idx.split(100)]
+        parts = [faithfulness.deletion_insertion_auc(model, xi, fn, steps=16) for xi in x]
+        scores[name] = {k: torch.cat([p[k] for p in parts]).mean().item() for k in ("deletion", "insertion")}
+    assert scores["ours"]["deletion"] < scores["centre"]["deletion"]
+    assert scores["ours"]["insertion"] > scores["centre"]["insertion"] + 0.05
+    assert scores["ours"]["deletion"] < scores["gamma_0.25"]["deletion"]
+    assert scores["ours"]["insertion"] > scores["gamma_0.25"]["insertion"]
