@@ -607,7 +607,7 @@ def test_attnlrp_beats_the_centre_gaussian_on_the_bundled_model():
 @pytest.mark.slow
 @pytest.mark.skipif(not (default_data_root() / "cifar10").is_dir(), reason="CIFAR-10 not found under VIT_DATA")
 def test_attnlrp_leads_the_centre_gaussian_on_1000_images():
-    """Mean-fill deletion and insertion on the 1,000 test images of ``bench.explain_sanity --n 1000`` (about 5
+    """Mean-fill deletion and insertion on the 1,000 test images of ``bench.explain_sanity --n 1000`` (about 8
     minutes on 2 cores): AttnLRP (γ = 0.1) deletes the bundle's class evidence sooner than the centre Gaussian and
     reveals it sooner (measured: deletion 0.2386 against 0.2446, −0.0061 ± 0.0039 paired; insertion +0.100 ±
     0.005), and γ = 0.1 beats the previous default 0.25 on both (−0.0054 ± 0.0018, +0.0051 ± 0.0018)."""
