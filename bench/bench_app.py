@@ -1,6 +1,6 @@
 """Latency of one classify call in the app, against Gradio's own round trip, measured in one run.
 
-    python -m bench.bench_app [--model PATH_OR_REPO] [--device cpu|cuda] [--repeats 20]
+    python -m bench.bench_app [--model PATH_OR_REPO] [--device cpu [cuda]] [--repeats 20]
 
 Starts the app and a Gradio identity app (image in, the same image out) on 127.0.0.1, sends copies of
 ``examples/cat_chelsea.jpg`` (451x300, each with one pixel changed and saved as PNG, so that the app's cache of
@@ -9,6 +9,9 @@ analyses answers none) to both with ``gradio_client``, and prints medians of:
   the time taken for a new photo, target <= 100 ms on CPU;
 - end to end: request to overlay file through gradio_client, for the app and for the identity app,
   and their ratio (target <= 2).
+
+With several devices (``--device cpu cuda``) the app is started on each in turn, and the last lines give each
+device's times as ratios to the first's.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 import gradio as gr
+import torch
 from gradio_client import Client, handle_file
 from PIL import Image
 
@@ -50,17 +54,9 @@ def _copies(folder: Path, n: int) -> list[Path]:
     return paths
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="bundled")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--repeats", type=int, default=20)
-    args = p.parse_args()
-
-    import torch
-
-    tmp = tempfile.TemporaryDirectory()
-    ctx = app.setup(args.model, args.device)
+def measure(model: str, device: str, files: list[Path]) -> dict:
+    """Start the app on ``device`` and an identity app; the medians of their times over ``files``."""
+    ctx = app.setup(model, device)
     ours = app.build_ui(ctx)
     ours.queue(default_concurrency_limit=1)
     ours.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True)
@@ -71,7 +67,6 @@ def main() -> None:
     try:
         c_ours = Client(ours.local_url, verbose=False)
         c_id = Client(identity.local_url, verbose=False)
-        files = _copies(Path(tmp.name), args.repeats + 1)
         compute = []
 
         def call_ours(photo):
@@ -81,19 +76,44 @@ def main() -> None:
 
         end_ours = _median_ms(call_ours, files)
         end_id = _median_ms(lambda photo: c_id.predict(photo, api_name="/identity"), files)
-        model, _ = ctx.models.get(ctx.models.default)
-        print(
-            f"model: {args.model} ({model.config.name}, {model.num_params():,} parameters), device {args.device}, "
-            f"threads {torch.get_num_threads()}, photo {PHOTO.name} 451x300, {args.repeats} new copies, medians"
-        )
-        print(f"compute (in the app, as shown):        {statistics.median(compute[1:]):7.1f} ms   target <= 100 ms")
-        print(f"end to end, app /classify:             {end_ours:7.1f} ms")
-        print(f"end to end, Gradio identity function:  {end_id:7.1f} ms")
-        print(f"ratio app / identity:                  {end_ours / end_id:7.2f}      target <= 2")
+        loaded, _ = ctx.models.get(ctx.models.default)
+        return {
+            "model": f"{loaded.config.name}, {loaded.num_params():,} parameters",
+            "threads": torch.get_num_threads(),
+            "compute": statistics.median(compute[1:]),
+            "end": end_ours,
+            "identity": end_id,
+        }
     finally:
         ours.close()
         identity.close()
-        tmp.cleanup()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="bundled")
+    p.add_argument("--device", default=["cpu"], nargs="+", choices=["cpu", "cuda"])
+    p.add_argument("--repeats", type=int, default=20)
+    args = p.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = _copies(Path(tmp), args.repeats + 1)
+        runs = {device: measure(args.model, device, files) for device in args.device}
+    for device, r in runs.items():
+        gpu = f" ({torch.cuda.get_device_name()})" if device == "cuda" else ""
+        print(
+            f"model: {args.model} ({r['model']}), device {device}{gpu}, threads {r['threads']}, "
+            f"photo {PHOTO.name} 451x300, {args.repeats} new copies, medians"
+        )
+        print(f"compute (in the app, as shown):        {r['compute']:7.1f} ms   target <= 100 ms")
+        print(f"end to end, app /classify:             {r['end']:7.1f} ms")
+        print(f"end to end, Gradio identity function:  {r['identity']:7.1f} ms")
+        print(f"ratio app / identity:                  {r['end'] / r['identity']:7.2f}      target <= 2")
+    first, base = next(iter(runs.items()))
+    for device, r in list(runs.items())[1:]:
+        print(
+            f"{device} / {first}: compute {r['compute'] / base['compute']:.3f}, end to end {r['end'] / base['end']:.3f}"
+        )
 
 
 if __name__ == "__main__":

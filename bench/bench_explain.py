@@ -150,9 +150,11 @@ def cost_rows(name: str, device: str, repeats: int, rise_limit: float) -> list[d
         "AttnLRP": lambda: lrp.attnlrp(model, x),
     }
     forward()  # warm-up, then an estimate of RISE's cost from three forward passes
+    _sync(device)
     t0 = time.perf_counter()
     for _ in range(3):
         forward()
+    _sync(device)
     rise_estimate = explain.RISE_MASKS * (time.perf_counter() - t0) / 3
     if rise_estimate < rise_limit:
         fns["RISE"] = lambda: explain.rise(model, x)

@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 import vit_core
 from vit_core.builders import build_optimizer, build_scheduler, load_init
 from vit_core.data import build_transform, default_data_root
+from vit_core.distributed import setup_processes
 from vit_core.engine import Recipe, RecipeError, evaluate_checkpoint, train
 from vit_core.evaluation import evaluate, tta_views, write_eval
 from vit_core.run_folder import stale_files
@@ -790,6 +791,35 @@ def _ddp_worker(rank: int, world: int, port: int, recipe: dict, root: str) -> No
     result = train(recipe, out, progress=False)
     # every process reports its own final parameters (the test's file, not the run's)
     torch.save({"params": result.model.state_dict(), "history": result.history}, Path(root) / f"rank{rank}.pt")
+
+
+def test_one_process_under_torchrun_joins_the_group(monkeypatch):
+    """torchrun --nproc_per_node 1 sets RANK: the process joins a group (gloo here, NCCL on a GPU), so one GPU
+    runs the DDP path that eight do; without torchrun's variables there is no group."""
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    assert not setup_processes("cpu").distributed
+    env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    procs = setup_processes("cpu")
+    try:
+        assert procs.distributed and procs.owns_group and (procs.rank, procs.world) == (0, 1)
+        assert torch.distributed.get_backend() == "gloo"
+    finally:
+        procs.close()
+    assert not torch.distributed.is_initialized()
+
+
+def test_one_process_ddp_is_bit_identical_to_a_plain_process(tmp_path):
+    """DDP with one process sums the gradients over one process: the same weights, bit for bit."""
+    data = make_image_folder(tmp_path / "data", n_per_class=16)
+    recipe = tiny_recipe(data, epochs=2, batch_size=8)
+    mp.spawn(_ddp_worker, args=(1, free_port(), recipe, str(tmp_path)), nprocs=1, join=True)
+    ddp = torch.load(tmp_path / "rank0.pt", weights_only=True)["params"]
+    train(recipe, tmp_path / "single", progress=False)
+    for k, v in _weights(tmp_path / "single").items():
+        assert torch.equal(ddp[k], v), k
 
 
 def test_two_process_ddp_matches_one_process(tmp_path):

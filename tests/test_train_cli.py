@@ -457,3 +457,19 @@ def test_torchrun_two_processes(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").open()]
     assert rows[-1]["test_top1"] > 90
     assert Image.open(tmp_path / "ddp" / "curves.png").format == "PNG"
+
+
+@pytest.mark.slow
+def test_torchrun_one_process_killed_and_resumed_has_the_plain_runs_losses(tmp_path):
+    """``python -m bench.torchrun_resume`` (run with NCCL on a GPU), here over gloo: torchrun with one
+    process, SIGKILLed after an epoch and resumed, ends with the losses and weights of one plain process."""
+    from bench.torchrun_resume import compare
+
+    r = compare("cpu", epochs=3, kill_after=1, batch_size=16, n_train=16 * 40, work=tmp_path)
+    assert "DDP over gloo" in r["group"]
+    assert 1 <= r["killed_at"] < 3
+    keys = ("epoch", "train_loss", "train_top1", "test_loss", "test_top1")
+    plain, ddp = ([{k: row[k] for k in keys} for row in r["rows"][name]] for name in ("plain", "torchrun"))
+    assert len(plain) == 3 and plain == ddp
+    assert plain[-1]["train_loss"] < plain[0]["train_loss"]
+    assert r["weight_diff"] == 0

@@ -28,6 +28,11 @@ class Processes:
     def main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def distributed(self) -> bool:
+        """In a process group (under torchrun, even alone): gradients go through DDP and its backend."""
+        return dist.is_initialized()
+
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.world > 1:
             dist.all_reduce(t)
@@ -39,15 +44,17 @@ class Processes:
 
 
 def setup_processes(device: str) -> Processes:
-    """Pick the device; join the process group that torchrun describes (RANK, WORLD_SIZE, ...) if any."""
+    """Pick the device; join the process group that torchrun describes (RANK, WORLD_SIZE, ...) if any.
+
+    Under torchrun the group is joined even by a single process, so that ``--nproc_per_node 1`` runs the
+    same DDP and NCCL (or gloo) path as eight processes do."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RecipeError(f"device {device!r} requested but CUDA is not available; use --device cpu")
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise RecipeError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1 and not dist.is_initialized():
+    if "RANK" not in os.environ and not dist.is_initialized():
         return Processes(0, 1, torch.device(device), False)
     owns = not dist.is_initialized()
     cuda = device.startswith("cuda")

@@ -162,7 +162,7 @@ class _Run:
             self._restore(state)
         self.t_start = time.time() - (self.history[-1]["elapsed_s"] if self.history else 0.0)
         self.forward: nn.Module = self.net
-        if procs.world > 1:
+        if procs.distributed:
             self.forward = nn.parallel.DistributedDataParallel(
                 self.net, device_ids=[procs.device.index] if procs.device.type == "cuda" else None
             )
@@ -173,7 +173,8 @@ class _Run:
             params = sum(p.numel() for p in self.model.parameters())
             print(
                 f"{recipe.task} {recipe.data}: {len(train_set)} train / {len(test_set)} test images, "
-                f"{params:,} parameters, {procs.world} process(es) on {procs.device}",
+                f"{params:,} parameters, {procs.world} process(es) on {procs.device}"
+                + (f" (DDP over {dist.get_backend()})" if procs.distributed else ""),
                 flush=True,
             )
 
@@ -297,7 +298,7 @@ class _Run:
         """Commit the epoch's files with everything needed to resume (every process's RNG states included).
         A collective call under DDP; only the first process writes."""
         rngs = [rng_state()]
-        if self.procs.world > 1:
+        if self.procs.distributed:
             rngs = [None] * self.procs.world
             dist.all_gather_object(rngs, rng_state())
         if not self.procs.main:

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Every check that needs a CUDA GPU, in one command of about 8 minutes on one H100, most telling first:
+# the CUDA tests, torchrun with NCCL killed and resumed, the app on CUDA against the CPU, every map's cost,
+# and ViT-B/16 bf16 training throughput against timm (MFU), eager then under torch.compile.
+#
+#   bash bench/gpu_checks.sh                                  # where requirements.txt is installed
+#   WHEELS=.whl PYTHON=python3 bash bench/gpu_checks.sh       # a CUDA image without network: bench/gpu_wheels.txt
+#
+# Everything goes to $OUT/gpu_checks.log (OUT defaults to runs/gpu), each step's exit status to $OUT/summary.txt.
+# A step that fails or runs past its time limit is recorded and the next one runs.
+# DEVICE=cpu runs the same steps without a GPU (a dry run of the script itself; the CUDA tests skip).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/gpu}
+PY=${PYTHON:-python}
+DEVICE=${DEVICE:-cuda}
+mkdir -p "$OUT"
+LOG=$OUT/gpu_checks.log
+: >"$LOG"
+: >"$OUT/summary.txt"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if [ -n "${WHEELS:-}" ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu_site "$WHEELS"/*.whl \
+    || { echo "installing $WHEELS failed" | tee -a "$OUT/summary.txt"; exit 1; }
+  export PYTHONPATH=$PYTHONPATH:/tmp/gpu_site
+fi
+
+step() {  # step NAME SECONDS COMMAND...: run COMMAND with a time limit, its output into the log
+  local name=$1 limit=$2 t0=$SECONDS
+  shift 2
+  echo "===== $name: $*" | tee -a "$LOG"
+  timeout --kill-after 10 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  echo "$name: exit $rc after $((SECONDS - t0)) s$([ "$rc" = 124 ] && echo " (time limit $limit s)")" | tee -a "$OUT/summary.txt" "$LOG"
+}
+
+devices=cpu
+[ "$DEVICE" = cuda ] && devices="cpu cuda"
+step environment 60 "$PY" -c "
+import torch, timm, gradio
+print('torch', torch.__version__, 'timm', timm.__version__, 'gradio', gradio.__version__)
+print('cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')
+print('nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else None, 'cpus', torch.get_num_threads())"
+[ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv | tee -a "$LOG"
+step cuda_tests 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_lrp.py -k cuda -rs
+step torchrun 150 "$PY" -m bench.torchrun_resume --device "$DEVICE"
+step app_bundled 120 "$PY" -m bench.bench_app --device $devices --repeats 10
+"$PY" -c "import vit_core; vit_core.save_pretrained(vit_core.create_model('vit_base_patch16_224'), '/tmp/gpu_b16')"
+step app_b16 150 "$PY" -m bench.bench_app --model /tmp/gpu_b16 --device $devices --repeats 5
+step map_costs 120 "$PY" -m bench.bench_explain --costs bundled vit_base_patch16_224 --device "$DEVICE"
+step train_throughput 240 "$PY" -m bench.bench_model --device "$DEVICE" --compile
+cat "$OUT/summary.txt"
