@@ -274,6 +274,8 @@ class Models:
         if not model.label_names and model.config.num_classes == len(imagenet_names()):
             model.config = model.config.replace(label_names=imagenet_names())  # an ImageNet-1k head, unnamed
         model = model.to(self.device).eval()
+        if model.patch_embed.backbone is not None:  # a CNN stem: its convolutions run faster on NHWC tensors
+            model = model.to(memory_format=torch.channels_last)  # (18% for the bundle's, 4% for R50's on a CPU)
         tensors = itertools.chain(model.parameters(), model.buffers())
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         return Loaded(choice, model, build_transform(model.pretrained_cfg), nbytes)
