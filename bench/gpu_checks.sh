@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Every check that needs a CUDA GPU, in one command of about 8 minutes on one H100, most telling first:
+# Every check that needs a CUDA GPU, in one command sized for a 10-minute call on one GPU, most telling first:
 # the CUDA tests, torchrun with NCCL killed and resumed, the app on CUDA against the CPU, every map's cost,
 # and ViT-B/16 bf16 training throughput against timm (MFU), eager then under torch.compile.
 #
-#   bash bench/gpu_checks.sh                                  # where requirements.txt is installed
-#   WHEELS=.whl PYTHON=python3 bash bench/gpu_checks.sh       # a CUDA image without network: bench/gpu_wheels.txt
+#   bash bench/gpu_checks.sh                                  # where requirements.txt is installed (PYTHON=...)
+#   WHEELS=.whl bash bench/gpu_checks.sh                     # a CUDA image without network: bench/gpu_wheels.txt
 #
 # Everything goes to $OUT/gpu_checks.log (OUT defaults to runs/gpu), each step's exit status to $OUT/summary.txt.
-# A step that fails or runs past its time limit is recorded and the next one runs.
+# A step that fails or runs past its time limit is recorded and the next one runs; no step starts or runs past
+# DEADLINE seconds (default 560) from the start, so that the whole fits in a 10-minute call.
 # DEVICE=cpu runs the same steps without a GPU (a dry run of the script itself; the CUDA tests skip).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu}
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
+DEADLINE=${DEADLINE:-560}
 DEVICE=${DEVICE:-cuda}
 mkdir -p "$OUT"
 LOG=$OUT/gpu_checks.log
@@ -26,8 +28,13 @@ if [ -n "${WHEELS:-}" ]; then
 fi
 
 step() {  # step NAME SECONDS COMMAND...: run COMMAND with a time limit, its output into the log
-  local name=$1 limit=$2 t0=$SECONDS
+  local name=$1 limit=$2 t0=$SECONDS left=$((DEADLINE - SECONDS))
   shift 2
+  if [ "$left" -lt 15 ]; then
+    echo "$name: skipped, the deadline ($DEADLINE s) is reached" | tee -a "$OUT/summary.txt" "$LOG"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   echo "===== $name: $*" | tee -a "$LOG"
   timeout --kill-after 10 "$limit" "$@" 2>&1 | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
