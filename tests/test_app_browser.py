@@ -14,6 +14,7 @@ Skips when chromium (``/usr/bin/chromium``) or the playwright package is absent;
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -177,9 +178,10 @@ def _changed(page, selector: str, before: str | None) -> str:
 
 
 def _classified(page, before: str | None = None) -> str:
-    """Wait for the Classify tab's answer to a new image (no button pressed): a new map and its compute time."""
+    """Wait for the Classify tab's answer to a new image (no button pressed): a new map and its compute time
+    ("Computed in", or "Answered in ... from the cache" for an image analysed before)."""
     src = _changed(page, "#overlay", before)
-    page.locator("#compute-time").get_by_text("Computed in").wait_for()
+    page.locator("#compute-time").get_by_text(re.compile(r"^(Computed|Answered) in")).wait_for()
     return src
 
 
@@ -190,10 +192,15 @@ def _upload(page, path: Path | str) -> str:
     return _classified(page, before)
 
 
+_COPIES = itertools.count(1)
+
+
 def _fresh_copy(tmp_path: Path, path: Path, name: str) -> Path:
-    """``path`` with one pixel changed: other bytes, so the server has not analysed it yet (no cached map)."""
+    """``path`` with its first pixel set to a colour no other copy had: other bytes, so the server has not
+    analysed it yet (no cached forward pass or map; the page then says "Computed in", not "from the cache")."""
     img = Image.open(path).convert("RGB")
-    img.putpixel((0, 0), (0, 0, 0) if img.getpixel((0, 0)) != (0, 0, 0) else (255, 255, 255))
+    n = next(_COPIES)
+    img.putpixel((0, 0), (n % 256, n // 256, 101))
     out = tmp_path / name
     img.save(out, quality=95)
     return out
@@ -359,6 +366,7 @@ def test_a_setting_changed_while_classify_runs_is_the_one_shown(page, server, tm
     start = time.monotonic()
     _upload(page, _fresh_copy(tmp_path, EXAMPLE_PHOTOS[3], "warm.png"))  # RISE, from scratch
     rise_s = time.monotonic() - start
+    assert _text(page, "#compute-time").endswith("(decode, model and map).")  # not from the cache
     _watch(page)
     page.locator("#image input[type=file]").set_input_files(str(_fresh_copy(tmp_path, CAT, "cat.png")))
     page.locator("#verdict").get_by_text("Classifying").wait_for()  # its RISE map has started

@@ -95,6 +95,22 @@ def test_classify_draws_each_methods_own_map(ctx, photo):
         torch.testing.assert_close(analysis.relevance(a, s, CPU), want)
 
 
+def test_the_compute_time_says_what_it_covered(ctx, photo):
+    """A new image: decode, model and map; another model-running map of it, or one drawn from its cached
+    attentions: the map only; a map asked for before: the cache, which it says rather than "computed in"."""
+    choice, settings = ctx.models.default, ("(predicted class)", -1, "mean", "mean", 0.0, 0.5, 5)
+
+    def covered(method: methods.Method) -> str:
+        return classify.answer(ctx, photo, choice, method.title, *settings, progress=lambda *a, **k: None)[-1]
+
+    assert covered(methods.ATTNLRP) == classify.NEW
+    assert covered(methods.CHEFER) == classify.MAP_ONLY
+    assert covered(methods.ROLLOUT) == classify.MAP_ONLY
+    assert covered(methods.ATTNLRP) == classify.CACHED
+    assert classify.compute_note(140.2, classify.NEW) == "Computed in 140 ms (decode, model and map)."
+    assert classify.compute_note(0.41, classify.CACHED).startswith("Answered in 0.41 ms from the cache")
+
+
 def test_compare_scores_every_method_then_the_baseline(ctx, photo):
     gallery, table, _ = compare.compare(ctx, photo, ctx.models.default, progress=lambda *a, **k: None)
     assert [row[0] for row in table] == [*(m.title for m in methods.METHODS), comparison.CENTRE]

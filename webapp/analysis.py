@@ -63,6 +63,7 @@ class Analysis:
     maps: dict[tuple, torch.Tensor] = field(default_factory=dict)
     # the seconds each of those maps took to compute, by the same keys
     seconds: dict[tuple, float] = field(default_factory=dict)
+    created: float = field(default_factory=time.perf_counter)  # when the forward pass ended (a cache hit is older)
 
     @property
     def box(self) -> Box:

@@ -7,6 +7,7 @@ answer to the newest request (``fresh``); ``/classify`` is the API, which raises
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from vit_core import VisionTransformer, methods
 
 from .. import model_info, render
 from ..admission import COMPUTE
-from ..analysis import Analysis, explained_class, relevance
+from ..analysis import Analysis, explained_class, map_key, relevance
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
 from ..settings import DEFAULT_METHOD, PREDICTED, Settings, check_top_k, head_name, layer_name, parse_settings
@@ -74,18 +75,54 @@ def classify(
     ``method`` None: the default (``DEFAULT_METHOD``, AttnLRP).
     ``layer`` and ``head`` (raw attention) are numbered from 0; a negative layer counts from the end (-1: the
     last)."""
+    settings = (method, target, layer, head, head_fusion, discard_ratio, opacity, top_k)
+    return answer(ctx, image, model_choice, *settings, progress=progress)[:6]
+
+
+def answer(
+    ctx: Context,
+    image: str | None,
+    model_choice: str,
+    method: str | None,
+    target: str,
+    layer: int,
+    head: str,
+    head_fusion: str,
+    discard_ratio: float,
+    opacity: float,
+    top_k: int,
+    progress: Callable[..., object],
+) -> tuple[dict[str, float], Image.Image, float, str, str, dict, str]:
+    """``classify``'s answer and what its compute time covered: ``NEW`` (the image decoded and run through the
+    model, then the map), ``MAP_ONLY`` (the image's forward pass was cached, the map was drawn) or ``CACHED``
+    (the forward pass and the map were both computed by an earlier request)."""
     t0 = time.perf_counter()
     a = ctx.analysis(image, model_choice)
     method = method or DEFAULT_METHOD.title
     s = parse_settings(a.model, method, target, layer, head, head_fusion, discard_ratio, opacity)
     k = check_top_k(top_k, len(a.names))
+    map_cached = s.method.from_attentions is None and map_key(a, s) in a.maps
     heat = relevance(a, s, ctx.device, lambda f, desc: progress(f, desc=desc))
     compute_ms = (time.perf_counter() - t0) * 1000
+    covered = NEW if a.created >= t0 else CACHED if map_cached else MAP_ONLY
     top = a.probs.topk(k)
     labels = {a.names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
     overlay = render.map_on_image(a.shown, a.box, heat, s.opacity, method.lower())
     verdict = model_info.verdict(a.probs, a.names, a.is_ood)
-    return labels, render.unique(overlay, method), round(compute_ms, 2), verdict, explains(a, s), ood_check(a)
+    return labels, render.unique(overlay, method), round(compute_ms, 2), verdict, explains(a, s), ood_check(a), covered
+
+
+NEW, MAP_ONLY, CACHED = "new", "map only", "cached"
+
+
+def compute_note(ms: float, covered: str) -> str:
+    """The compute time in words, saying what it covered (``answer``)."""
+    took = model_info.format_ms(ms)
+    if covered == NEW:
+        return f"Computed in {took} (decode, model and map)."
+    if covered == MAP_ONLY:
+        return f"Computed in {took} (the map; this image's forward pass was cached)."
+    return f"Answered in {took} from the cache (this image and this map were computed before)."
 
 
 def ood_check(a: Analysis) -> dict:
@@ -127,9 +164,10 @@ def show(
         if image is None:
             return BLANK
         settings = (method, target, layer, head, head_fusion, discard_ratio, opacity, top_k)
-        labels, overlay, ms, verdict, explained, _ = classify(ctx, image, model_choice, *settings, progress=progress)
-        took = f"Computed in {model_info.format_ms(ms)} (decode, model and map)."
-        return labels, overlay, took, headline(verdict), explained
+        labels, overlay, ms, verdict, explained, _, covered = user_errors(answer)(
+            ctx, image, model_choice, *settings, progress=progress
+        )
+        return labels, overlay, compute_note(ms, covered), headline(verdict), explained
 
     def failed(message: str) -> tuple:
         return *BLANK[:3], headline(fresh.problem(message), large=False), ""
