@@ -101,7 +101,7 @@ def test_the_compute_time_says_what_it_covered(ctx, photo):
     choice, settings = ctx.models.default, ("(predicted class)", -1, "mean", "mean", 0.0, 0.5, 5)
 
     def covered(method: methods.Method) -> str:
-        return classify.answer(ctx, photo, choice, method.title, *settings, progress=lambda *a, **k: None)[-1]
+        return classify.answer(ctx, photo, choice, (method.title, *settings), lambda *a, **k: None)[-1]
 
     assert covered(methods.ATTNLRP) == classify.NEW
     assert covered(methods.CHEFER) == classify.MAP_ONLY

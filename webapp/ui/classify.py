@@ -76,26 +76,20 @@ def classify(
     ``layer`` and ``head`` (raw attention) are numbered from 0; a negative layer counts from the end (-1: the
     last)."""
     settings = (method, target, layer, head, head_fusion, discard_ratio, opacity, top_k)
-    return answer(ctx, image, model_choice, *settings, progress=progress)[:6]
+    return answer(ctx, image, model_choice, settings, progress)[:6]
+
+
+NEW, MAP_ONLY, CACHED = "new", "map only", "cached"  # what a compute time covered (``answer``)
 
 
 def answer(
-    ctx: Context,
-    image: str | None,
-    model_choice: str,
-    method: str | None,
-    target: str,
-    layer: int,
-    head: str,
-    head_fusion: str,
-    discard_ratio: float,
-    opacity: float,
-    top_k: int,
-    progress: Callable[..., object],
+    ctx: Context, image: str | None, model_choice: str, settings: tuple, progress: Callable[..., object]
 ) -> tuple[dict[str, float], Image.Image, float, str, str, dict, str]:
-    """``classify``'s answer and what its compute time covered: ``NEW`` (the image decoded and run through the
-    model, then the map), ``MAP_ONLY`` (the image's forward pass was cached, the map was drawn) or ``CACHED``
-    (the forward pass and the map were both computed by an earlier request)."""
+    """``classify``'s answer for its ``settings`` (method to top_k, in its order), and what the compute time
+    covered: ``NEW`` (the image decoded and run through the model, then the map), ``MAP_ONLY`` (the image's
+    forward pass was cached, the map was drawn) or ``CACHED`` (the forward pass and the map were both computed
+    by an earlier request)."""
+    method, target, layer, head, head_fusion, discard_ratio, opacity, top_k = settings
     t0 = time.perf_counter()
     a = ctx.analysis(image, model_choice)
     method = method or DEFAULT_METHOD.title
@@ -110,9 +104,6 @@ def answer(
     overlay = render.map_on_image(a.shown, a.box, heat, s.opacity, method.lower())
     verdict = model_info.verdict(a.probs, a.names, a.is_ood)
     return labels, render.unique(overlay, method), round(compute_ms, 2), verdict, explains(a, s), ood_check(a), covered
-
-
-NEW, MAP_ONLY, CACHED = "new", "map only", "cached"
 
 
 def compute_note(ms: float, covered: str) -> str:
@@ -165,7 +156,7 @@ def show(
             return BLANK
         settings = (method, target, layer, head, head_fusion, discard_ratio, opacity, top_k)
         labels, overlay, ms, verdict, explained, _, covered = user_errors(answer)(
-            ctx, image, model_choice, *settings, progress=progress
+            ctx, image, model_choice, settings, progress
         )
         return labels, overlay, compute_note(ms, covered), headline(verdict), explained
 
