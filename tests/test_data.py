@@ -29,6 +29,7 @@ from vit_core.data import (
     build_mixup,
     build_transform,
     check_augment,
+    datasets,
     default_data_root,
     load_image,
     read_header,
@@ -36,6 +37,7 @@ from vit_core.data import (
 )
 from vit_core.data.images import target_size
 
+from .net import free_port
 from .rss import peak_of
 
 DATA = default_data_root()
@@ -75,6 +77,13 @@ def test_default_data_root(monkeypatch, tmp_path):
     assert default_data_root() == (repo.parent / "shared" / "data").resolve()
     monkeypatch.setenv("VIT_DATA", str(tmp_path))
     assert default_data_root() == tmp_path
+    # outside a checkout beside the shared data (an installed package, a fresh clone): the user's cache
+    monkeypatch.delenv("VIT_DATA")
+    monkeypatch.setattr(datasets, "PROJECT_DATA", tmp_path / "absent")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert default_data_root() == tmp_path / "cache" / "vit_core" / "data"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_data_root() == Path.home() / ".cache" / "vit_core" / "data"
 
 
 @_needs("mnist")
@@ -129,13 +138,14 @@ def _write_idx(path, magic, dims, payload: bytes):
     path.write_bytes(gzip.compress(struct.pack(f">{1 + len(dims)}i", magic, *dims) + payload))
 
 
-def test_idx_and_cifar_errors(tmp_path):
-    with pytest.raises(ImageDataError, match="VIT_DATA"):
+def test_idx_and_cifar_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_DATA_MIRROR", f"http://127.0.0.1:{free_port()}")  # missing files: not downloaded
+    with pytest.raises(ImageDataError, match="mnist is not in .* could not be downloaded .* set VIT_DATA"):
         build_dataset("mnist", "train", root=tmp_path)
-    with pytest.raises(ImageDataError, match="data_batch_1.npz not found"):
+    with pytest.raises(ImageDataError, match="cifar10 is not in .*cifar-10-binary.tar.gz"):
         build_dataset("cifar10", "train", root=tmp_path)
     d = tmp_path / "mnist"
-    d.mkdir()
+    d.mkdir(exist_ok=True)  # the failed download made it
     _write_idx(d / "t10k-images-idx3-ubyte.gz", 2049, [2, 28, 28], bytes(2 * 784))  # label magic on images
     _write_idx(d / "t10k-labels-idx1-ubyte.gz", 2049, [2], bytes(2))
     with pytest.raises(ImageDataError, match="magic number 2051"):
@@ -149,7 +159,7 @@ def test_idx_and_cifar_errors(tmp_path):
     _write_idx(d / "t10k-images-idx3-ubyte.gz", 2051, [2, 28, 28], bytes(range(256)) * 6 + bytes(32))
     ds = build_dataset("mnist", "test", root=tmp_path)  # a well-formed tiny file parses
     assert ds.images.shape == (2, 1, 28, 28) and ds.images[0, 0, 0, :5].tolist() == [0, 1, 2, 3, 4]
-    (tmp_path / "cifar10").mkdir()
+    (tmp_path / "cifar10").mkdir(exist_ok=True)
     (tmp_path / "cifar10" / "test_batch.npz").write_bytes(b"PK garbage")
     with pytest.raises(ImageDataError, match="test_batch.npz"):
         build_dataset("cifar10", "test", root=tmp_path)

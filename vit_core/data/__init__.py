@@ -10,7 +10,8 @@ Datasets (``build_dataset(spec, split)``, ``datasets.py``) yield ``(image, label
 (label names) and ``.targets`` (int64 tensor):
 
 - ``"mnist"``, ``"fashion-mnist"``, ``"cifar10"``: the official IDX files / the CIFAR-10 npz shards under
-  ``root`` (default ``default_data_root()``), decoded once into ``.images``, a uint8 (N, C, H, W) tensor
+  ``root`` (default ``default_data_root()``; downloaded there on first use, ``downloads.py``), decoded once
+  into ``.images``, a uint8 (N, C, H, W) tensor
   (``InMemoryImageDataset``; ``.subset(indices)`` carves out a validation split that stays fast).
 - a folder holding those formats' files (IDX files, CIFAR npz shards): recognised by the file names.
 - any other folder: class per sub-folder, as torchvision's ``ImageFolder``; a folder holding ``train/`` and

@@ -17,15 +17,22 @@ import torchvision.transforms.v2.functional as TF
 from PIL import Image
 from torch.utils.data import Dataset
 
+from .downloads import fetch
 from .images import ImageDataError, load_image
+
+PROJECT_DATA = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").resolve()
 
 
 def default_data_root() -> Path:
-    """``$VIT_DATA`` if set, else ``<repo root>/../shared/data`` (which may not exist)."""
+    """Where the named datasets live (``<root>/mnist``, ...): ``$VIT_DATA`` if set; else ``../shared/data`` beside
+    the project when there is one; else the user's cache, ``$XDG_CACHE_HOME/vit_core/data`` (by default
+    ``~/.cache/vit_core/data``). ``build_dataset`` downloads a named dataset missing there."""
     env = os.environ.get("VIT_DATA")
     if env:
         return Path(env).expanduser()
-    return (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").resolve()
+    if PROJECT_DATA.is_dir():
+        return PROJECT_DATA
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "vit_core" / "data"
 
 
 _FASHION_CLASSES = [
@@ -150,20 +157,21 @@ class HFImageDataset(Dataset):
 def build_dataset(spec: str, split: str, transform: Callable | None = None, root: str | Path | None = None) -> Dataset:
     """A classification dataset of ``(image tensor, int label)`` with ``.classes`` and ``.targets``.
 
-    ``spec``: "mnist", "fashion-mnist", "cifar10" (files under ``root``, default ``default_data_root()``),
-    a folder path, or "hf:<name>" (Hugging Face datasets). A folder holding MNIST-style IDX files or
-    CIFAR-10 npz shards is read as those (in memory); any other folder is an ImageFolder, whose ``train/`` +
-    ``val/``/``test/`` sub-folders are picked by ``split``. ``split``: "train" or "test" ("val" is an alias
-    for the held-out split). ``transform``: usually ``build_transform(...)``; see the module docstring for
-    the fast path.
+    ``spec``: "mnist", "fashion-mnist", "cifar10" (files under ``root``, default ``default_data_root()``,
+    downloaded there on first use: ``downloads.fetch``), a folder path, or "hf:<name>" (Hugging Face
+    datasets). A folder holding MNIST-style IDX files or CIFAR-10 npz shards is read as those (in memory); any
+    other folder is an ImageFolder, whose ``train/`` + ``val/``/``test/`` sub-folders are picked by ``split``.
+    ``split``: "train" or "test" ("val" is an alias for the held-out split). ``transform``: usually
+    ``build_transform(...)``; see the module docstring for the fast path.
     """
     if split not in ("train", "test", "val"):
         raise ValueError(f"split must be 'train', 'test' or 'val', got {split!r}")
     files_split = "train" if split == "train" else "test"
     key = spec.lower().replace("_", "-")
     if key in _BUILTIN:
-        base = Path(root).expanduser() if root is not None else default_data_root()
-        images, targets, classes = _BUILTIN[key](base / key, files_split)
+        folder = (Path(root).expanduser() if root is not None else default_data_root()) / key
+        fetch(key, folder, files_split)
+        images, targets, classes = _BUILTIN[key](folder, files_split)
         return InMemoryImageDataset(images, targets, classes, transform)
     if spec.startswith("hf:"):
         return _hf_dataset(spec[3:], split, transform)
