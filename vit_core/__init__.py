@@ -21,6 +21,7 @@ from .config import ViTConfig, get_config, list_models
 from .hub import push_to_hub
 from .model import VisionTransformer, resample_pos_embed
 
+__version__ = "0.1.0"  # the package's version (pyproject.toml reads it from here)
 __all__ = [
     "CheckpointError",
     "ViTConfig",
