@@ -515,3 +515,18 @@ def test_unloadable_model_gives_a_clear_error_and_the_app_keeps_serving(server):
                 time.sleep(1)
     labels, *_ = _classify(client, CAT)
     assert labels["confidences"]
+
+
+def test_the_docs_api_examples_run_as_written(server, monkeypatch, capsys):
+    """The README's and docs/app.md's gradio_client blocks (marked ``docs-test: app``), run against this server
+    from the repository root with only the address changed."""
+    from .test_docs import code_blocks
+
+    _, _, url = server
+    blocks = [(doc, code) for doc, marker, code in code_blocks("python") if marker == "app"]
+    assert {doc for doc, _ in blocks} == {"README.md", "docs/app.md"}
+    monkeypatch.chdir(ROOT)
+    for doc, code in blocks:
+        assert "http://127.0.0.1:7860/" in code
+        exec(compile(code.replace("http://127.0.0.1:7860/", url), doc, "exec"), {})
+    assert "cat (" in capsys.readouterr().out  # the README prints the verdict on the example cat

@@ -38,3 +38,18 @@ def test_ruff_clean():
     for args in (["check", "."], ["format", "--check", "."]):
         result = subprocess.run([ruff, *args], cwd=ROOT, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_readme_is_a_short_product_page_with_its_notice():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250, "depth belongs in docs/"
+    headings = re.findall(r"^### …(.+)$", text, re.M)
+    assert len(headings) == 5 and "explain a prediction from Python" in headings
+    assert "## NOTICE" in text and "patented" in text and "patented" in (ROOT / "NOTICE").read_text()
+
+
+def test_docs_print_no_test_counts():
+    """A count of tests goes stale with the next test and differs by machine (skips): pytest prints it."""
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        found = re.search(r"\b\d[\d,]* (tests|passed|skipped)\b", path.read_text())
+        assert not found, f"{path.name}: {found.group(0)!r}"
