@@ -10,7 +10,7 @@ Two methods here, both batched (one target class per image), CPU or CUDA, any cl
 - ``chefer``: Chefer, Gur & Wolf, "Transformer Interpretability Beyond Attention Visualization" (CVPR 2021),
   their "transformer attribution": each layer's attention weighted by LRP relevance times gradient,
   ``Ā_l = E_h[(∇A_l ⊙ R_{A_l})^+]``, rolled out with the identity for the residual path, ``R = (I + Ā_L) ...
-  (I + Ā_1)``, read at the classifier's row as ``explain.gradient_rollout`` does.
+  (I + Ā_1)``, read at the classifier's row of ``R - I`` as ``explain.gradient_rollout`` does.
 
 **LRP as modified gradients.** A rule is implemented as the gradient of a surrogate: every operation keeps
 its forward value and gets a backward pass chosen so that, with ``R = value ⊙ gradient`` at each tensor,
@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .explain import eval_mode, readout_row, target_classes, to_map, token_grid
+from .explain import eval_mode, readout_row, target_classes, to_map, token_grid, weighted_rollout
 from .hybrid import ConvStem, ResNetV2Stem, StdConv2dSame, WhiteningConv, pad_same
 
 # The γ-rule on convolutions: 0.1, the lowest of the AttnLRP authors' ViT sweep (0.1, 0.25, 100). On the speedrun
@@ -373,12 +373,19 @@ def chefer(
     """Chefer, Gur & Wolf's transformer attribution (CVPR 2021): (B, grid_h, grid_w) maps in [0, 1] for
     ``target`` (None: each image's predicted class; an int; or one class per image).
 
-    ``Ā_l = mean_heads((∇A_l ⊙ R_{A_l})^+)``, ``R = (I + Ā_L) ... (I + Ā_1)``, map = the read-out row of R
-    over the patch tokens (``explain``'s conventions), divided by its maximum. ``∇A_l`` is the plain gradient
-    of the target logit; ``R_{A_l}`` the LRP relevance of the attention probabilities under their rules
-    (``CHEFER``), starting from relevance 1 on the target class, as their ``relprop(one_hot)``. The CNN of a
-    hybrid is run once and not explained (like every attention map). Two backward passes through the blocks:
-    the gradient, then the relevance. ``return_logits=True`` returns ``(logits, maps)``.
+    ``Ā_l = mean_heads((∇A_l ⊙ R_{A_l})^+)``, ``R = (I + Ā_L) ... (I + Ā_1)``, map = the read-out row of
+    ``R - I`` over the patch tokens (``explain.weighted_rollout``: their map for a class token; for average
+    pooling the identity's 1/N on every patch would swamp Ā, whose entries are about 1e-6 of it), divided by
+    its maximum. ``∇A_l`` is the plain gradient of the target logit; ``R_{A_l}`` the LRP relevance of the
+    attention probabilities under their rules (``CHEFER``), starting from relevance 1 on the target class, as
+    their ``relprop(one_hot)``. The CNN of a hybrid is run once and not explained (like every attention map).
+    Two backward passes through the blocks: the gradient, then the relevance. ``return_logits=True`` returns
+    ``(logits, maps)``.
+
+    Their rules are sensitive to the input: the identity rule of a LayerNorm hands relevance to entries of the
+    residual stream near 0, and the z-rule of the residual sum that made them divides by them. On the bundled
+    model a photo re-saved as JPEG gets a map correlated 0.5 with the first (AttnLRP's LayerNorm rule in its
+    place: 1.000), and their code's own 1e-9 offset in that division moves a map by 1e-3.
     """
     grid = token_grid(model, images)
     with eval_mode(model), torch.inference_mode(False), torch.enable_grad():
@@ -396,10 +403,9 @@ def chefer(
         seed = _safe_div(torch.ones_like(z), z.detach())
         lrp_grads = torch.autograd.grad((z * seed).sum(), lrp_attns)
     B, _, T, _ = attns[0].shape
-    v = readout_row(model, B, T, attns[0].device)
-    for a, grad, lrp_grad in zip(reversed(lrp_attns), reversed(grads), reversed(lrp_grads), strict=True):
-        relevance = a.detach().float() * lrp_grad.float()
-        cam = (grad.detach().float() * relevance).clamp(min=0).mean(dim=1)
-        v = v + torch.bmm(v.unsqueeze(1), cam).squeeze(1)  # v^T (I + Ā_l)
-    maps = to_map(v, model.num_prefix_tokens, grid)
+    cams = [  # Ā_l, last layer first; a ⊙ lrp_grad is R_{A_l}, the relevance of the attention probabilities
+        (grad.detach().float() * a.detach().float() * lrp_grad.float()).clamp(min=0).mean(dim=1)
+        for a, grad, lrp_grad in zip(reversed(lrp_attns), reversed(grads), reversed(lrp_grads), strict=True)
+    ]
+    maps = to_map(weighted_rollout(readout_row(model, B, T, attns[0].device), cams), model.num_prefix_tokens, grid)
     return (logits.detach(), maps) if return_logits else maps
