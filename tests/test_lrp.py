@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import vit_core
-from vit_core import explain, faithfulness, lrp
+from vit_core import explain, faithfulness, lrp, lrp_rules
 from vit_core.data import build_dataset, build_transform, default_data_root, load_image
 from webapp.catalog import BUNDLED as BUNDLE
 
@@ -74,7 +74,7 @@ def test_forward_with_rules_is_the_models_forward(kind, gamma):
     x = image(model)
     with torch.no_grad():
         want, attns = model(x, return_attention=True)
-    for rules in (lrp.ATTNLRP, lrp.CHEFER):
+    for rules in (lrp_rules.ATTNLRP, lrp_rules.CHEFER):
         logits, got = lrp.propagate(model, lrp._embed(model, x, gamma), rules)
         torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
         for a, b in zip(got, attns, strict=True):
@@ -106,7 +106,7 @@ def test_attnlrp_relevance_sums_to_the_logit_where_its_rules_conserve(kind, gamm
     by the identity, the relevance of the pixels and of the additive constants is the logit, image by image;
     without constants (biases, position embeddings zero, no class token) the pixels hold all of it. AttnLRP's
     own softmax rule loses relevance (its bias term, prop. 3.1)."""
-    conservative = dataclasses.replace(lrp.ATTNLRP, softmax=lrp._softmax_identity)
+    conservative = dataclasses.replace(lrp_rules.ATTNLRP, softmax=lrp_rules._softmax_identity)
     model = make_model(**KINDS[kind]).double()
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
@@ -137,7 +137,7 @@ def test_softmax_rule_is_the_papers_taylor_rule():
     torch.manual_seed(0)
     x = torch.randn(2, 3, 5, 5, dtype=torch.float64, requires_grad=True)
     r_out = torch.randn(2, 3, 5, 5, dtype=torch.float64)
-    s = lrp.ATTNLRP.softmax(x)
+    s = lrp_rules.ATTNLRP.softmax(x)
     (g,) = torch.autograd.grad(s, x, grad_outputs=r_out / s.detach())  # relevance R at s is s ⊙ gradient
     sd = s.detach()
     torch.testing.assert_close(x.detach() * g, x.detach() * (r_out - sd * r_out.sum(-1, keepdim=True)))
@@ -154,7 +154,7 @@ def test_chefer_rules_hand_relevance_one_to_the_tokens(kind):
     with torch.no_grad():
         tokens = model.to_tokens(model.patch_embed(x))
     tokens.requires_grad_(True)
-    logits, _ = lrp.propagate(model, tokens, lrp.CHEFER)
+    logits, _ = lrp.propagate(model, tokens, lrp_rules.CHEFER)
     z = logits[:, 2]
     (g,) = torch.autograd.grad((z / z.detach()).sum(), tokens)
     torch.testing.assert_close((tokens * g).sum(dim=(1, 2)), torch.ones(3, dtype=torch.float64), rtol=1e-9, atol=1e-9)
@@ -589,7 +589,7 @@ def test_gamma_rule_on_a_convolution_matches_its_formula(signed, bias):
     b = 0.3 * torch.randn(4, generator=g, dtype=torch.float64) if bias else None
     gamma = 0.25
     x.requires_grad_(True)
-    z = lrp._gamma_conv(x, w, b, gamma, stride=1, padding=1)
+    z = lrp_rules.gamma_conv(x, w, b, gamma, stride=1, padding=1)
     torch.testing.assert_close(z, F.conv2d(x, w, b, padding=1))
     R = torch.randn(z.shape, generator=g, dtype=torch.float64)
     (grad,) = torch.autograd.grad(z, x, grad_outputs=R / z.detach())  # relevance R at z is z ⊙ gradient
