@@ -15,6 +15,7 @@ from PIL import Image
 
 import vit_core
 from train.__main__ import main
+from vit_core import ood
 from vit_core.calibration import (
     Calibration,
     expected_calibration_error,
@@ -23,7 +24,7 @@ from vit_core.calibration import (
     predict,
 )
 from vit_core.checkpoint import OOD_NAME, write_calibration
-from vit_core.data import InMemoryImageDataset, build_dataset, class_subset
+from vit_core.data import InMemoryImageDataset, build_dataset, build_transform, class_subset, fixed_subset
 from vit_core.model_card import render_model_card
 from vit_core.ood import OODDetector, auroc, fit_statistics, fpr_at_tpr, ood_scores, threshold_for
 from webapp.model_info import UNSURE_BELOW, facts, verdict
@@ -413,3 +414,50 @@ def test_class_subset_keeps_and_relabels_the_named_classes(tmp_path):
     assert len(only_red) == 4 and {only_red[i][1] for i in range(4)} == {0} and only_red.classes == ["red"]
     with pytest.raises(vit_core.data.ImageDataError, match="distinct names of the data's classes"):
         class_subset(ds, ["z"])
+
+
+def test_a_new_ood_score_is_one_entry_of_the_table(tmp_path, monkeypatch, capsys):
+    """Adding a score is an entry of ``ood.SCORES`` plus its functions, and no other code: here the distance to
+    the mean of the training images' features, through ``train calibrate`` (its statistic fitted on training
+    images [0, 40), its threshold the 95% quantile of held-out images [40, 60)), the checks on loading (the
+    file's shapes against the entry's), ``from_pretrained`` and ``predict``, each against brute force."""
+
+    def fit_centre(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, torch.Tensor]:
+        return {"centre": features.double().mean(0).float()}
+
+    def centre(probs, logits, features, statistics) -> torch.Tensor:
+        return torch.stack([(f.double() - statistics["centre"].double()).norm(dim=-1) for f in features]).mean(0)
+
+    monkeypatch.setitem(ood.SCORES, "centre", ood.Score(centre, fit_centre, {"centre": (ood.FEATURES,)}))
+    data = make_image_folder(tmp_path / "data", n_per_class=30)
+    folder = tmp_path / "m"
+    vit_core.save_pretrained(_model(img_size=8, patch_size=4, num_classes=2, label_names=("blue", "red")), folder)
+    cal = ["calibrate", "--model", str(folder), "--data", str(data), "--ood", "centre", "--device", "cpu"]
+    assert main([*cal, "--held-out", "40", "60", "--fit", "0", "40", "--no-progress"]) == 0
+    capsys.readouterr()
+
+    model = vit_core.from_pretrained(folder)
+    detector = model.calibration.ood
+    assert detector.score == "centre" and detector.keep == 0.95
+
+    def images(lo: int, hi: int) -> torch.Tensor:
+        subset = fixed_subset(build_dataset(str(data), "train", build_transform(model.pretrained_cfg)), [lo, hi])
+        return torch.stack([subset[i][0] for i in range(hi - lo)])
+
+    with torch.no_grad():
+        fitted = model.forward_head(model.forward_features(images(0, 40)), pre_logits=True).double()
+    assert torch.allclose(detector.statistics["centre"].double(), fitted.mean(0), atol=1e-6)
+    held = images(40, 60)
+    p = predict(model, held)
+    with torch.no_grad():
+        views = [model.forward_head(model.forward_features(v), pre_logits=True) for v in (held, held.flip(-1))]
+    want = torch.stack([(f.double() - fitted.mean(0)).norm(dim=-1) for f in views]).mean(0)
+    assert torch.allclose(p.ood_score, want, atol=1e-5)
+    assert detector.threshold == pytest.approx(float(torch.quantile(want, 0.95)), rel=1e-5)
+    assert torch.equal(p.is_ood, p.ood_score > detector.threshold) and int(p.is_ood.sum()) == 1  # 1 of 20 above
+
+    from safetensors.torch import save_file
+
+    save_file({"centre": torch.zeros(3)}, str(folder / OOD_NAME))  # the wrong shape for this model's features
+    with pytest.raises(vit_core.CheckpointError, match=r"does not fit the centre score.*centre: checkpoint \(3,\)"):
+        vit_core.from_pretrained(folder)

@@ -7,7 +7,7 @@ import torch
 
 import vit_core
 from vit_core import ViTConfig
-from vit_core.config import size_name
+from vit_core.variants import size_name
 
 # Published sizes (timm's model cards; the paper's table 1 rounds them to 86M / 307M / 632M).
 PUBLISHED_PARAMS = {

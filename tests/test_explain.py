@@ -176,6 +176,7 @@ def reference_gradient_rollout(model, x, targets, avg=False):
         for A in captured:
             cam = (A.grad[0] * A[0]).clamp(min=0).mean(dim=0).double()
             R = R + cam @ R
+        R = R - torch.eye(T, dtype=torch.float64)  # what reached each token through attention, not the residual
         row = R[prefix:].mean(dim=0) if avg else R[0]
         m = row[prefix:].reshape(grid)
         maps.append(m / m.max())
@@ -297,6 +298,7 @@ def test_gradient_rollout_matches_timm_hooks_reference(pool):
     R = torch.eye(attns[0].shape[-1]).expand(3, -1, -1)
     for a, g in zip(attns, reversed(grads), strict=True):
         R = R + (g * a).clamp(min=0).mean(1) @ R
+    R = R - torch.eye(attns[0].shape[-1])
     row = R[:, model.num_prefix_tokens :].mean(1) if pool == "avg" else R[:, 0]
     wrong = row[:, model.num_prefix_tokens :].reshape(3, 4, 4).detach()
     wrong = wrong / wrong.flatten(1).amax(1)[:, None, None]

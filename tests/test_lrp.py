@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import vit_core
-from vit_core import explain, faithfulness, lrp
-from vit_core.data import build_dataset, build_transform, default_data_root
+from vit_core import explain, faithfulness, lrp, lrp_rules
+from vit_core.data import build_dataset, build_transform, default_data_root, load_image
 from webapp.catalog import BUNDLED as BUNDLE
 
 KINDS = {
@@ -73,7 +74,7 @@ def test_forward_with_rules_is_the_models_forward(kind, gamma):
     x = image(model)
     with torch.no_grad():
         want, attns = model(x, return_attention=True)
-    for rules in (lrp.ATTNLRP, lrp.CHEFER):
+    for rules in (lrp_rules.ATTNLRP, lrp_rules.CHEFER):
         logits, got = lrp.propagate(model, lrp._embed(model, x, gamma), rules)
         torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
         for a, b in zip(got, attns, strict=True):
@@ -105,7 +106,7 @@ def test_attnlrp_relevance_sums_to_the_logit_where_its_rules_conserve(kind, gamm
     by the identity, the relevance of the pixels and of the additive constants is the logit, image by image;
     without constants (biases, position embeddings zero, no class token) the pixels hold all of it. AttnLRP's
     own softmax rule loses relevance (its bias term, prop. 3.1)."""
-    conservative = dataclasses.replace(lrp.ATTNLRP, softmax=lrp._softmax_identity)
+    conservative = dataclasses.replace(lrp_rules.ATTNLRP, softmax=lrp_rules._softmax_identity)
     model = make_model(**KINDS[kind]).double()
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
@@ -136,7 +137,7 @@ def test_softmax_rule_is_the_papers_taylor_rule():
     torch.manual_seed(0)
     x = torch.randn(2, 3, 5, 5, dtype=torch.float64, requires_grad=True)
     r_out = torch.randn(2, 3, 5, 5, dtype=torch.float64)
-    s = lrp.ATTNLRP.softmax(x)
+    s = lrp_rules.ATTNLRP.softmax(x)
     (g,) = torch.autograd.grad(s, x, grad_outputs=r_out / s.detach())  # relevance R at s is s ⊙ gradient
     sd = s.detach()
     torch.testing.assert_close(x.detach() * g, x.detach() * (r_out - sd * r_out.sum(-1, keepdim=True)))
@@ -153,7 +154,7 @@ def test_chefer_rules_hand_relevance_one_to_the_tokens(kind):
     with torch.no_grad():
         tokens = model.to_tokens(model.patch_embed(x))
     tokens.requires_grad_(True)
-    logits, _ = lrp.propagate(model, tokens, lrp.CHEFER)
+    logits, _ = lrp.propagate(model, tokens, lrp_rules.CHEFER)
     z = logits[:, 2]
     (g,) = torch.autograd.grad((z / z.detach()).sum(), tokens)
     torch.testing.assert_close((tokens * g).sum(dim=(1, 2)), torch.ones(3, dtype=torch.float64), rtol=1e-9, atol=1e-9)
@@ -292,10 +293,14 @@ def test_attnlrp_rules_are_not_the_gradient():
 # ------------------------------------------------------- Chefer et al.: their code's structure
 
 
+SAFE_DIVIDE_EPS = 1e-9  # their safe_divide's offset, added to every denominator
+
+
 def safe_divide(a, b):
     """Their ``safe_divide``."""
-    den = b.clamp(min=1e-9) + b.clamp(max=1e-9)
-    den = den + den.eq(0).type(den.type()) * 1e-9
+    eps = SAFE_DIVIDE_EPS
+    den = b.clamp(min=eps) + b.clamp(max=eps)
+    den = den + den.eq(0).type(den.type()) * eps
     return a / den * b.ne(0).type(b.type())
 
 
@@ -326,7 +331,8 @@ def chefer_reference(model: nn.Module, x: torch.Tensor, target: int) -> torch.Te
     """``generate_LRP(method="transformer_attribution")`` of Chefer et al.'s ViT_explanation_generator for one
     image: a plain forward keeping every module's input, the gradient of the target logit at each attention
     map, ``relprop`` from a one-hot relevance down the blocks saving each attention's (halved) relevance,
-    then ``compute_rollout_attention`` with full matrices (no row normalisation) and the read-out row."""
+    then ``compute_rollout_attention`` with full matrices (no row normalisation) and the read-out row of the
+    rollout less the identity (theirs for a class token, whose row e_0 has no patch column)."""
     cfg = model.config
     prefix = model.num_prefix_tokens
     with torch.no_grad():
@@ -385,6 +391,7 @@ def chefer_reference(model: nn.Module, x: torch.Tensor, target: int) -> torch.Te
         for c, g in zip(cams, grads, strict=True):
             layer = (g * c).clamp(min=0).mean(0) + torch.eye(T, dtype=c.dtype)
             joint = layer if joint is None else layer @ joint
+    joint = joint - torch.eye(T, dtype=joint.dtype)  # the map: relevance through attention, not the residual's own
     row = joint[prefix:].mean(0) if cfg.global_pool == "avg" else joint[0]
     grid = row[prefix:].reshape(model.patch_embed.grid_size)
     return grid / grid.max()
@@ -397,9 +404,32 @@ def test_chefer_matches_their_codes_structure(pool):
     targets = [0, 2, 4]
     got = lrp.chefer(model, x, targets)
     want = torch.stack([chefer_reference(model, x[b], t) for b, t in enumerate(targets)]).float()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # their safe_divide adds 1e-9 to every denominator, ours divides exactly: where a residual sum is near 0
+    # (about 1e-4 here), the maps differ by up to 1.4e-5 (8.9e-8 with their offset at 1e-19)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=3e-5)
     # the LRP factor matters: gradient rollout (gradient ⊙ attention, no relevance) is another map
     assert (explain.gradient_rollout(model, x, targets) - got).abs().max() > 0.05
+
+
+def test_maps_of_an_average_pooled_model_on_a_photo_are_not_flat(monkeypatch):
+    """The bundled model pools the average of its tokens, so the rollout's read-out row starts at 1/N on every
+    patch: read with the identity, Chefer et al.'s map of a kitten spanned 0.99990 to 1 (its Ā are about 1e-6
+    of 1/N) and gradient rollout's 0.94 to 1. Without it, both span the unit range like AttnLRP's, and Chefer
+    et al.'s is their code's (the brute-force reference above, in float64)."""
+    model = vit_core.from_pretrained(BUNDLE).eval()
+    tf = build_transform(model.pretrained_cfg)
+    cats = Path(__file__).resolve().parents[1] / "bench" / "real_photos" / "cat"
+    x = torch.stack([tf(load_image(cats / f)) for f in ("kitten_posing.jpg", "kitten_playing.jpg")])
+    for method in (lrp.chefer, explain.gradient_rollout, lrp.attnlrp):
+        maps = method(model, x)
+        assert (maps.flatten(1).amin(1) < 0.1).all(), method.__name__
+    pred = model(x).argmax(1).tolist()
+    model64 = model.double()
+    # their 1e-9 offset moves this map by 1.3e-3: the z-rule of a residual sum divides by entries near 0, which
+    # the identity rule of the LayerNorm after it hands relevance to (why a JPEG re-save moves the map)
+    monkeypatch.setitem(globals(), "SAFE_DIVIDE_EPS", 1e-19)
+    want = torch.stack([chefer_reference(model64, x[b].double(), t) for b, t in enumerate(pred)]).float()
+    torch.testing.assert_close(lrp.chefer(model64, x.double()), want, rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------- maps: conventions
@@ -559,7 +589,7 @@ def test_gamma_rule_on_a_convolution_matches_its_formula(signed, bias):
     b = 0.3 * torch.randn(4, generator=g, dtype=torch.float64) if bias else None
     gamma = 0.25
     x.requires_grad_(True)
-    z = lrp._gamma_conv(x, w, b, gamma, stride=1, padding=1)
+    z = lrp_rules.gamma_conv(x, w, b, gamma, stride=1, padding=1)
     torch.testing.assert_close(z, F.conv2d(x, w, b, padding=1))
     R = torch.randn(z.shape, generator=g, dtype=torch.float64)
     (grad,) = torch.autograd.grad(z, x, grad_outputs=R / z.detach())  # relevance R at z is z ⊙ gradient

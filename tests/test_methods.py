@@ -7,6 +7,7 @@ and backward pass) is reachable from all of them with no other change."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 
 import gradio as gr
@@ -18,7 +19,7 @@ from PIL import Image
 import app
 import vit_core
 from bench import explain_sanity
-from vit_core import explain, methods
+from vit_core import explain, lrp, methods
 from vit_core.data import build_transform
 from webapp import analysis, comparison
 from webapp.models import Models
@@ -128,12 +129,29 @@ def test_batch_maps_with_each_batchable_method_and_refuses_the_others(ctx, photo
 
 
 def test_the_benchmark_scores_every_method_by_its_key(ctx, photo):
+    """``--methods KEY`` runs the map that KEY names: each key's map equals the library function's written out
+    here (not read from the table), and the maps differ, so two methods swapped would be seen."""
     model, _ = ctx.models.get(ctx.models.default)
     x = build_transform(model.pretrained_cfg)(Image.open(photo))[None].repeat(3, 1, 1, 1)
+    x = x + 0.1 * torch.randn(x.shape, generator=torch.Generator().manual_seed(0))  # three different images
+    reference = {
+        "rise": explain.rise,
+        "attnlrp": lrp.attnlrp,
+        "rollout": explain.attention_rollout,
+        "gradient": explain.gradient_rollout,
+        "chefer": lrp.chefer,
+        "attention": explain.attention_maps,
+        "brightness": brightness,
+    }
     keys = [m.key for m in methods.METHODS]
-    assert list(explain_sanity.names())[: len(keys)] == keys
-    for m in methods.METHODS:
-        torch.testing.assert_close(explain_sanity.parse_method(m.key, 0)(model, x), m.fn(model, x))
+    assert keys == list(reference) and list(explain_sanity.names())[: len(keys)] == keys
+    maps = {key: explain_sanity.parse_method(key, 0)(model, x) for key in keys}
+    for key, fn in reference.items():
+        torch.testing.assert_close(maps[key], fn(model, x), msg=key)
+    grid = explain.token_grid(model, x)
+    pooled = {k: F.adaptive_avg_pool2d(m, grid) / m.amax() for k, m in maps.items()}  # RISE's are per pixel
+    for a, b in itertools.combinations(keys, 2):
+        assert (pooled[a] - pooled[b]).abs().max() > 1e-3, (a, b)
     rows = explain_sanity.score(model, x, keys, baselines=("mean",), steps=2, batch_size=8)["results"]
     assert [r["method"] for r in rows] == [*keys, "centre"]
     assert all(0 <= r["deletion"]["mean"] <= 1 and 0 <= r["insertion"]["mean"] <= 1 for r in rows)
@@ -141,16 +159,31 @@ def test_the_benchmark_scores_every_method_by_its_key(ctx, photo):
 
 def test_a_methods_cost_decides_where_it_runs(ctx, monkeypatch):
     """One forward and backward pass per class (AttnLRP, gradient rollout, the new method) runs whatever the model;
-    many forward passes (RISE) only within the budget, and the refusal names the methods that run."""
+    many forward passes (RISE) only within the budget, and the refusal names the methods that run. The FLOPs are
+    counted by hand for the tiny model: 16 patches of 8x8x3 pixels, 17 tokens of width 32, 2 blocks of 2 heads,
+    an MLP of width 128, 5 classes (a multiply-add counts 2)."""
     from webapp import settings
 
     model, _ = ctx.models.get(ctx.models.default)
+    tokens, width = 17, 32
+    block = 2 * tokens * width * (3 * width + width + 2 * 4 * width) + 2 * (2 * tokens * tokens * width)
+    forward = 2 * 16 * width * 8 * 8 * 3 + 2 * block + 2 * width * 5
+    rise = explain.RISE_MASKS * forward  # 500 forward passes: 553 MFLOP
+    for budget, rise_runs in ((1.0, False), (0.999 * rise, False), (rise, True)):
+        monkeypatch.setitem(settings.MAP_BUDGET, "cpu", budget)
+        runs = [m for m in methods.METHODS if settings.affordable(m, model, CPU)]
+        others = [methods.ATTNLRP, methods.ROLLOUT, methods.GRADIENT, methods.CHEFER, methods.RAW, NEW]
+        assert runs == ([methods.RISE] if rise_runs else []) + others, budget
     monkeypatch.setitem(settings.MAP_BUDGET, "cpu", 1.0)
-    runs = [m for m in methods.METHODS if settings.affordable(m, model, CPU)]
-    assert runs == [m for m in methods.METHODS if m.cost.forward == 0] and NEW in runs
     assert settings.affordable(settings.DEFAULT_METHOD, model, CPU)  # the default runs whatever the budget
     message = settings.refusal(methods.RISE, model, CPU)
-    assert message.startswith(f"RISE needs {explain.RISE_MASKS} forward passes")
-    others = ", ".join(m.title for m in methods.METHODS if m not in (methods.RISE, methods.ATTNLRP, NEW))
-    assert message.endswith(f"choose AttnLRP, {others} or {NEW.title}")  # the default first
-    assert not settings.affordable(dataclasses.replace(NEW, cost=methods.Cost(forward=2)), model, CPU)
+    assert message.startswith(f"RISE needs 500 forward passes of this model ({rise / 1e9:,.0f} GFLOP)")
+    assert message.endswith(
+        "choose AttnLRP, Attention rollout, Gradient rollout, Chefer et al. (LRP x gradient), Raw attention or "
+        "Brightness (test)"
+    )  # the default first
+    # a method's cost, not its name: the new method with two extra forward passes is held to the budget
+    two = dataclasses.replace(NEW, cost=methods.Cost(forward=2))
+    assert not settings.affordable(two, model, CPU)
+    monkeypatch.setitem(settings.MAP_BUDGET, "cpu", 2 * forward)
+    assert settings.affordable(two, model, CPU)

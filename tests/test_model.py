@@ -333,5 +333,5 @@ def test_forward_flops_against_the_hand_count(class_token, pool):
 
 def test_forward_flops_of_vit_b16_is_the_published_17_6_gmacs():
     """timm's model table lists vit_base_patch16_224 at 17.6 GMACs (35.1 GFLOPs)."""
-    flops = vit_core.cost.forward_flops(vit_core.config.get_config("vit_base_patch16_224"))
+    flops = vit_core.cost.forward_flops(vit_core.get_config("vit_base_patch16_224"))
     assert flops / 2 / 1e9 == pytest.approx(17.6, abs=0.05)

@@ -555,7 +555,13 @@ def test_tickets_drop_answers_to_older_requests_and_about_a_previous_subject():
     assert t.start("page", "classify", 8, dog) and t.start("page", "explore", 1, cat)  # groups apart
     assert t.start("other page", "classify", 1, cat)  # pages apart
     assert t.start(None, "classify", 0, cat) and t.start("page", "classify", None, cat)  # the API: no ticket
-    assert fresh.subject_of(["a.png", "b.zip"], "m") == fresh.subject_of(["a.png", "b.zip"], "m")  # files, hashable
+    # files: a list from each request, the same files the same subject, hashable (a list is not)
+    files = fresh.subject_of(["a.png", "b.zip"], "m")
+    assert hash(files) == hash(fresh.subject_of(["a.png", "b.zip"], "m"))
+    t.change("page", "batch", 5, files)  # requests sent before it: current when about these files
+    assert t.current("page", "batch", 3, fresh.subject_of(["a.png", "b.zip"], "m"))
+    assert not t.current("page", "batch", 3, fresh.subject_of(["a.png", "c.zip"], "m"))  # other files
+    assert not t.current("page", "batch", 3, fresh.subject_of(["a.png", "b.zip"], "other model"))
     for i in range(5):
         t.start(f"page {i}", "g", 1)
     assert len(t._newest) == 3  # bounded: the least recently used are forgotten

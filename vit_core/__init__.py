@@ -17,9 +17,11 @@ from typing import Any
 
 from . import hub
 from .checkpoint import CheckpointError, save_pretrained
-from .config import ViTConfig, get_config, list_models
+from .config import ViTConfig
 from .hub import push_to_hub
-from .model import VisionTransformer, resample_pos_embed
+from .model import VisionTransformer
+from .pos_embed import resample_pos_embed
+from .variants import get_config, list_models
 
 __version__ = "0.1.0"  # the package's version (pyproject.toml reads it from here)
 __all__ = [

@@ -7,9 +7,8 @@ any checkpoint (ours, timm's, converted from transformers or JAX) becomes a mode
 (preprocessing). Fields timm has no argument for (the paper's ``representation_size``, ``norm_eps``, the
 conv stem) are kept under ``vit_core`` so our loader round-trips them; timm ignores that key.
 
-A calibrated checkpoint (``vit_core.calibration``) also has a ``calibration`` section in ``config.json``
-(temperature, and the OOD score, threshold and file) and ``ood.safetensors`` beside it holding the OOD score's
-statistics of training images, linked by its SHA-256; timm ignores both.
+A calibrated checkpoint (``vit_core.calibration``) also has a ``calibration`` section in ``config.json`` and
+``ood.safetensors`` beside it (``calibration_file``); the files' names, errors and safe readers are ``files``'.
 
 Checkpoints come from strangers (Hub repos, uploaded files), so ``load_model`` checks before it
 allocates: the config's types and ranges (``ViTConfig``), the model's size against ``SizeLimits``
@@ -20,35 +19,29 @@ read from safetensors here: no pickle is unpickled.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load as load_bytes
-from safetensors.torch import load_file, save_file
-from safetensors.torch import save as safetensors_bytes
+from safetensors.torch import save_file
 
-from .calibration import Calibration, to_json
-from .config import TIMM_MODEL_ARGS, ViTConfig, get_config, list_models
+# what callers import from here: the files' names and readers, and a calibration's storage
+from .calibration_file import OOD_NAME as OOD_NAME
+from .calibration_file import read_calibration as read_calibration
+from .calibration_file import write_calibration as write_calibration
+from .calibration_file import write_config
+from .config import TIMM_MODEL_ARGS, ViTConfig
 from .cost import activation_bytes, state_shapes
+from .files import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write, check_shapes, read_json
+from .files import read_header as read_header
+from .files import read_weights as read_weights
 from .model import VisionTransformer
-from .ood import SCORES, STATISTICS, OODDetector
+from .variants import get_config, list_models
 
-WEIGHTS_NAME = "model.safetensors"
-CONFIG_NAME = "config.json"
-OOD_NAME = "ood.safetensors"
-MAX_OOD_ROWS = 1_000_000  # features in a kNN bank
-MAX_OOD_BYTES = 512 * 2**20  # an OOD statistics file: a bank of 10,000 x 192 features in fp16 is 3.8 MB
-MAX_JSON_BYTES = 16 * 2**20  # configs with ImageNet-21k's 21,843 label names are about 1.2 MB
-# timm model_args that change how inputs are handled, not the weights; ours always handles any size.
 _RUNTIME_ONLY_ARGS = {"dynamic_img_size", "dynamic_img_pad", "strict_img_size"}
 
 # Default size limits for loading: ViT-H/14 (632M parameters) and the R50 hybrids at 384 px fit, absurd
@@ -61,10 +54,6 @@ MAX_PARAMS_ENV = "VIT_CORE_MAX_PARAMS"
 MAX_ACTIVATION_BYTES_ENV = "VIT_CORE_MAX_ACTIVATION_BYTES"
 
 Convert = Callable[[Mapping[str, torch.Tensor]], tuple[ViTConfig, dict[str, torch.Tensor]]]
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded: the message says which file and what is wrong."""
 
 
 # ------------------------------------------------------------------------------------ config.json
@@ -178,24 +167,6 @@ def _section(d: dict[str, Any], key: str, source: str) -> dict[str, Any]:
     return value
 
 
-def read_json(path: str | Path) -> dict[str, Any]:
-    """A JSON object from a checkpoint's folder (``config.json``, ``preprocessor_config.json``)."""
-    path = Path(path)
-    try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise CheckpointError(f"{path}: {path.stat().st_size:,} bytes, too large for a config file")
-        d = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path.parent}: no {path.name}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    except RecursionError:
-        raise CheckpointError(f"{path}: not valid JSON (nested too deeply)") from None
-    if not isinstance(d, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return d
-
-
 def read_config(directory: str | Path) -> ViTConfig:
     """The ``ViTConfig`` of a checkpoint folder's ``config.json`` (ours or timm's)."""
     path = Path(directory) / CONFIG_NAME
@@ -205,21 +176,6 @@ def read_config(directory: str | Path) -> ViTConfig:
 
 
 # ------------------------------------------------------------------------------------ writing
-
-
-def atomic_write(path: Path, write: Callable[[str], object]) -> None:
-    """Write via a temp file in the same folder and rename, so a crash never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it a normal file's mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_pretrained(model: VisionTransformer, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -237,117 +193,8 @@ def save_pretrained(model: VisionTransformer, directory: str | Path, dtype: torc
             v = v.to(dtype)
         state[k] = v.contiguous()
     atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(state, p, metadata={"format": "pt"}))
-    _write_config(directory, config_to_dict(model.config), model.calibration)
+    write_config(directory, config_to_dict(model.config), model.calibration)
     return directory
-
-
-def write_calibration(directory: str | Path, calibration: Calibration | None) -> None:
-    """Store ``calibration`` with the checkpoint in ``directory``: the "calibration" section of its
-    ``config.json`` (removed for None; the rest of the file is kept) and ``ood.safetensors``. The weights
-    are not touched."""
-    directory = Path(directory)
-    _write_config(directory, read_json(directory / CONFIG_NAME), calibration)
-
-
-def _write_config(directory: Path, d: dict[str, Any], calibration: Calibration | None) -> None:
-    d = {k: v for k, v in d.items() if k != "calibration"}
-    if calibration is not None:
-        sha256 = None
-        if calibration.ood is not None and calibration.ood.statistics:
-            stats = {k: v.detach().to("cpu").contiguous() for k, v in calibration.ood.statistics.items()}
-            data = safetensors_bytes(stats, metadata={"score": calibration.ood.score})
-            sha256 = hashlib.sha256(data).hexdigest()
-            # the statistics first, then the config naming their SHA-256: a crash in between leaves a pair the
-            # loader refuses (the SHA-256 differs), never one it misreads
-            atomic_write(directory / OOD_NAME, lambda p: Path(p).write_bytes(data))
-        d["calibration"] = to_json(calibration, OOD_NAME, sha256)
-    text = json.dumps(d, indent=2) + "\n"
-    atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(text))
-
-
-def read_calibration(
-    d: dict[str, Any], fetch: Callable[..., Path | None], source: str, model: VisionTransformer
-) -> Calibration | None:
-    """The ``Calibration`` a ``config.json`` dict ``d`` declares (None when it has none), its OOD statistics
-    read with ``fetch(OOD_NAME)`` and checked against ``model`` (names, shapes, SHA-256) before use."""
-    where = f"{source}/{CONFIG_NAME}: calibration"
-    section = d.get("calibration")
-    if section is None:
-        return None
-    if not isinstance(section, dict):
-        raise CheckpointError(f"{where} must be a JSON object, got {type(section).__name__}")
-    ood = section.get("ood")
-    detector = None
-    if ood is not None:
-        if not isinstance(ood, dict):
-            raise CheckpointError(f"{where}.ood must be a JSON object, got {type(ood).__name__}")
-        score = ood.get("score")
-        if score not in SCORES:
-            raise CheckpointError(f"{where}.ood.score must be one of {', '.join(SCORES)}, got {score!r}")
-        statistics = _read_ood_statistics(ood, score, fetch, source, model) if STATISTICS[score] else {}
-        try:
-            detector = OODDetector(score, ood.get("threshold"), ood.get("keep"), statistics, ood.get("fitted_on") or "")
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"{where}.ood: {e}") from None
-    try:
-        return Calibration(section.get("temperature"), section.get("tta"), section.get("fitted_on") or "", detector)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: {e}") from None
-
-
-def _read_ood_statistics(
-    ood: dict[str, Any], score: str, fetch: Callable[..., Path | None], source: str, model: VisionTransformer
-) -> dict[str, torch.Tensor]:
-    if ood.get("file", OOD_NAME) != OOD_NAME:  # a fixed name: a config never chooses which file is read
-        raise CheckpointError(f"{source}/{CONFIG_NAME}: calibration.ood.file must be {OOD_NAME!r}")
-    path = fetch(OOD_NAME)
-    C, D = model.config.num_classes, model.num_features
-    header = read_header(path)
-    expected = {"means": (C, D), "precision": (D, D)}
-    if "bank" in header and len(header["bank"]) == 2 and 1 <= header["bank"][0] <= MAX_OOD_ROWS:
-        expected["bank"] = (header["bank"][0], D)
-    else:
-        expected["bank"] = (f"1..{MAX_OOD_ROWS:,}", D)  # type: ignore[assignment]  # named in the error only
-    expected = {k: expected[k] for k in STATISTICS[score]}
-    check_shapes(header, expected, f"{path} does not fit the {score} score of this model")
-    if Path(path).stat().st_size > MAX_OOD_BYTES:
-        raise CheckpointError(
-            f"{path}: {Path(path).stat().st_size:,} bytes, more than {MAX_OOD_BYTES:,} for OOD statistics"
-        )
-    data = Path(path).read_bytes()
-    if hashlib.sha256(data).hexdigest() != ood.get("sha256"):
-        raise CheckpointError(
-            f"{path} is not the file config.json was calibrated with (SHA-256 differs); calibrate again"
-        )
-    tensors = load_bytes(data)
-    if not all(t.is_floating_point() for t in tensors.values()):
-        raise CheckpointError(f"{path}: OOD statistics must be floating-point tensors")
-    return tensors
-
-
-# ------------------------------------------------------------------------------------ reading
-
-
-def read_header(path: str | Path) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor in a safetensors file, from its header alone: no tensor is read.
-    (safetensors also checks that the declared tensors exactly cover the file.)"""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path.parent}: no {path.name}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (a handle, not a dict)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
-
-
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file."""
-    path = Path(path)
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
 
 # ------------------------------------------------------------------------------------ size limits
@@ -450,19 +297,6 @@ def load_model(
         state[k] = state[k].to(dtypes[k], copy=True)
     model.load_state_dict(state, assign=True, pos_embed_grid=cfg.grid_size)
     return model.eval()
-
-
-def check_shapes(got: Mapping[str, tuple[int, ...]], expected: Mapping[str, tuple[int, ...]], what: str) -> None:
-    """One ``CheckpointError`` line naming every missing, unexpected and mis-shaped tensor, if any."""
-    missing = sorted(set(expected) - set(got))
-    unexpected = sorted(set(got) - set(expected))
-    mismatched = [f"{k}: checkpoint {got[k]} vs model {v}" for k, v in expected.items() if k in got and got[k] != v]
-    parts = []
-    for kind, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", mismatched)):
-        if items:
-            parts.append(f"{kind} ({len(items)}): {', '.join(items[:10])}{' ...' if len(items) > 10 else ''}")
-    if parts:
-        raise CheckpointError(f"{what}: {'; '.join(parts)}")
 
 
 def _name(cfg: ViTConfig) -> str:

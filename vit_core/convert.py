@@ -30,9 +30,10 @@ import numpy as np
 import torch
 
 from .checkpoint import CheckpointError, SizeLimits, load_model
-from .config import ViTConfig, get_config, list_models
+from .config import ViTConfig
 from .data.transforms import PIL_RESAMPLE
 from .model import VisionTransformer
+from .variants import get_config, list_models
 
 PREPROCESSOR_NAME = "preprocessor_config.json"  # transformers' image processor settings
 MAX_NPZ_ARRAYS = 10_000  # ViT-H/14 has about 400, R50+ViT-L/32 about 600

@@ -9,7 +9,8 @@ Relevance maps (all batched, all read from ``model(x, return_attention=True)``: 
 - ``gradient_rollout``: Chefer, Gur & Wolf, "Generic Attention-model Explainability for Interpreting
   Bi-Modal and Encoder-Decoder Transformers" (ICCV 2021), its LRP-free update rule for self-attention:
   ``Ā_l = E_h[(∇A_l ⊙ A_l)^+]``, ``R = I``, ``R <- R + Ā_l R`` for l = 1..L, where ``∇A_l`` is the
-  gradient of the target class's logit with respect to layer l's attention probabilities.
+  gradient of the target class's logit with respect to layer l's attention probabilities; the map is read
+  from ``R - I`` (``weighted_rollout``), what reached each patch through attention.
 - ``attention_maps``: one layer's raw attention (one head, or the mean over heads).
 - ``centre_gaussian_map``: a Gaussian centred on the token grid, the same for every image: the baseline
   a map must beat where objects sit in the middle of the frame (CIFAR-10, centre crops).
@@ -112,6 +113,19 @@ def readout_row(model: nn.Module, batch: int, tokens: int, device: torch.device)
     else:
         v[:, 0] = 1.0
     return v
+
+
+def weighted_rollout(readout: torch.Tensor, cams: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The read-out row of ``R - I`` (B, T) float32 for ``R = (I + Ā_L) ... (I + Ā_1)``, ``cams`` the layers' Ā
+    (B, T, T) last first (Chefer et al.'s ``R <- R + Ā_l R``, ICCV 2021 eq. 6-7): what reached each token through
+    attention. For a class token the identity has no patch column anyway; averaged patch rows would give every
+    patch the same 1/N, swamping Ā (a photo's Chefer et al. map read 0.9999 to 1). With ``v = r + d``,
+    ``d <- d + (r + d) Ā_l`` keeps the identity's share apart, exactly."""
+    r = readout.float()
+    d = torch.zeros_like(r)
+    for cam in cams:
+        d = d + torch.bmm((r + d).unsqueeze(1), cam.float()).squeeze(1)
+    return d
 
 
 def to_map(row: torch.Tensor, prefix: int, grid: tuple[int, int]) -> torch.Tensor:
@@ -265,9 +279,10 @@ def gradient_rollout(
     or one class per image).
 
     ``Ā_l = mean_heads(clamp(∂y_t/∂A_l ⊙ A_l, min=0))``, ``R = (I + Ā_L) ... (I + Ā_1)``, map = the
-    read-out row of R over the patch tokens. ``y_t`` is the target logit. One backward pass serves
-    the whole batch: images do not interact in a ViT, so the gradient of the summed target logits with
-    respect to image b's attention is that of image b's own logit. ``return_logits=True`` returns
+    read-out row of ``R - I`` over the patch tokens (``weighted_rollout``: the same as R's for a class token;
+    for average pooling the identity would add the same 1/N to every patch). ``y_t`` is the target logit. One
+    backward pass serves the whole batch: images do not interact in a ViT, so the gradient of the summed target
+    logits with respect to image b's attention is that of image b's own logit. ``return_logits=True`` returns
     ``(logits, maps)`` from the same forward pass.
     """
     prefix = model.num_prefix_tokens
@@ -281,11 +296,11 @@ def gradient_rollout(
         # Gradients for exactly these tensors, paired by position: grads[l] = d score / d attns[l].
         grads = torch.autograd.grad(score, attns)
     B, _, T, _ = attns[0].shape
-    v = readout_row(model, B, T, attns[0].device)
-    for attn, grad in zip(reversed(attns), reversed(grads), strict=True):
-        cam = (grad.detach().float() * attn.detach().float()).clamp(min=0).mean(dim=1)
-        v = v + torch.bmm(v.unsqueeze(1), cam).squeeze(1)  # v^T (I + Ā_l)
-    maps = to_map(v, prefix, grid)
+    cams = [
+        (grad.detach().float() * attn.detach().float()).clamp(min=0).mean(dim=1)
+        for attn, grad in zip(reversed(attns), reversed(grads), strict=True)
+    ]
+    maps = to_map(weighted_rollout(readout_row(model, B, T, attns[0].device), cams), prefix, grid)
     return (logits.detach(), maps) if return_logits else maps
 
 

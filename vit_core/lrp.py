@@ -10,36 +10,9 @@ Two methods here, both batched (one target class per image), CPU or CUDA, any cl
 - ``chefer``: Chefer, Gur & Wolf, "Transformer Interpretability Beyond Attention Visualization" (CVPR 2021),
   their "transformer attribution": each layer's attention weighted by LRP relevance times gradient,
   ``Ā_l = E_h[(∇A_l ⊙ R_{A_l})^+]``, rolled out with the identity for the residual path, ``R = (I + Ā_L) ...
-  (I + Ā_1)``, read at the classifier's row as ``explain.gradient_rollout`` does.
+  (I + Ā_1)``, read at the classifier's row of ``R - I`` as ``explain.gradient_rollout`` does.
 
-**LRP as modified gradients.** A rule is implemented as the gradient of a surrogate: every operation keeps
-its forward value and gets a backward pass chosen so that, with ``R = value ⊙ gradient`` at each tensor,
-the gradient step *is* the rule (the "gradient x input" form of LRP: Arras et al. 2025; the efficient mode of
-the AttnLRP authors' ``lxt``). One forward and one backward pass then give the relevance of every tensor at
-once, and the input's relevance is ``input ⊙ gradient``. The rules:
-
-============================  ==========================================  =====================================
-operation                     AttnLRP                                     Chefer et al.
-============================  ==========================================  =====================================
-linear layer                  ε-rule (eq. 8, ε = 0): the plain gradient;  z⁺-rule (LRP-α1β0): positive
-                              the bias keeps its share                    contributions only, no bias share
-convolution (patch embedding, γ-rule, γ = ``CONV_GAMMA``: contributions   (not reached: the map stops at
-a hybrid's CNN)               of the output's sign count 1 + γ times      the first block's attention)
-LayerNorm / GroupNorm         linear in x, σ held constant (prop. 3.4)    identity: ``R_in = R_out`` per entry
-GELU, tanh, ReLU              identity (eq. 9): ``R_in = R_out``          identity
-softmax                       Taylor at x with bias (prop. 3.1):          identity
-                              ``R_in = x ⊙ (R - s Σ R)``, its gradient
-q kᵀ and A v                  uniform (prop. 3.2): each operand gets      the same (their ``cam /= 2``)
-                              half, the ε-rule within
-residual sum                  ε-rule: proportional to each summand        proportional, then rescaled per
-                                                                          image so that the branches share
-                                                                          ``R`` as ``|ΣR_a| : |ΣR_b|``
-max pooling, BatchNorm (eval) the gradient: winner takes all; affine      (not reached)
-============================  ==========================================  =====================================
-
-The transformer's rules are the paper's. On convolutions the AttnLRP authors use the γ-rule for ViTs (their
-``lxt`` examples: zennit's ``Gamma`` on ``Conv2d``), as LRP does for the lower layers of CNNs (Montavon et al.
-2019): the ε-rule there gives pixel relevance dominated by noise of both signs.
+The rules, as gradients, are ``lrp_rules``' (its docstring has their table).
 
 The forward pass below is the model's own (``model.py``, ``hybrid.py``) written out with the rules; the test
 suite holds its logits equal to ``model(x)``. Relevance is conserved where the rules are: the ε-, γ-, z⁺-,
@@ -55,159 +28,20 @@ touched. Both need a ``VisionTransformer`` with a classifier head.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .explain import eval_mode, readout_row, target_classes, to_map, token_grid
+from .explain import eval_mode, readout_row, target_classes, to_map, token_grid, weighted_rollout
 from .hybrid import ConvStem, ResNetV2Stem, StdConv2dSame, WhiteningConv, pad_same
+from .lrp_rules import ATTNLRP, CHEFER, Rules, gamma_conv, identity_rule, safe_div, uniform_half, with_gradient_of
 
 # The γ-rule on convolutions: 0.1, the lowest of the AttnLRP authors' ViT sweep (0.1, 0.25, 100). On the speedrun
 # hybrids it deletes and reveals the class evidence sooner than zennit's default 0.25 (README, "How AttnLRP's map
 # was chosen"); 0 is the ε-rule, whose pixel relevance is noise of both signs.
 CONV_GAMMA = 0.1
-
-# ------------------------------------------------------------------------- rules as gradients
-
-
-def _with_gradient_of(value: torch.Tensor, surrogate: torch.Tensor) -> torch.Tensor:
-    """``value`` in the forward pass, ``surrogate``'s gradient in the backward pass (the two are equal
-    in value, or ``surrogate`` is the rule's linearisation at this point)."""
-    return value.detach() + (surrogate - surrogate.detach())
-
-
-def _safe_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a / b, and 0 where b is 0 (relevance with no path to follow is dropped, as LRP implementations do).
-    For values only (ratios that are detached, backward rules): the unused branch may hold inf."""
-    return torch.where(b == 0, 0.0, a / b)
-
-
-def _half(x: torch.Tensor) -> torch.Tensor:
-    """Uniform rule for one operand of a bilinear product (AttnLRP prop. 3.2): the value unchanged (x/2 + x/2
-    is exact), half the gradient, so each of the two operands takes half of the product's relevance."""
-    return 0.5 * x + (0.5 * x).detach()
-
-
-def _identity(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Identity rule for y = f(x) of the same shape (AttnLRP eq. 9): R_x = R_y entry by entry, i.e. the
-    gradient y / x in place of f'(x)."""
-    return _with_gradient_of(y, x * _safe_div(y, x).detach())
-
-
-def _epsilon_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """ε-rule with ε = 0 (AttnLRP eq. 8): ``R_x = x ⊙ Wᵀ (R / z)``, which is the plain gradient times x;
-    the bias keeps ``b ⊙ R / z``."""
-    return layer(x)
-
-
-def _zplus_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """z⁺-rule (LRP-α1β0, Chefer et al.'s ``Linear.relprop`` with alpha = 1): only positive contributions
-    count, ``R_x = x⁺ ⊙ W⁺ᵀ S + x⁻ ⊙ W⁻ᵀ S`` with ``S = R / z⁺``, ``z⁺ = W⁺ x⁺ + W⁻ x⁻`` and no bias."""
-    z = layer(x)
-    w_pos, w_neg = layer.weight.clamp(min=0), layer.weight.clamp(max=0)
-    z_pos = F.linear(x.clamp(min=0), w_pos) + F.linear(x.clamp(max=0), w_neg)
-    # gradient (z / z⁺) ∂z⁺/∂x: with R = z ⊙ g at the output, x ⊙ gradient is the rule above
-    return _with_gradient_of(z, z_pos * _safe_div(z, z_pos).detach())
-
-
-def _gamma_conv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gamma: float, **conv: object
-) -> torch.Tensor:
-    """Generalised γ-rule (Montavon et al. 2019, "Layer-Wise Relevance Propagation: An Overview"; zennit's
-    ``Gamma``) for ``z = conv2d(x, W, b)``: contributions of the output's sign count 1 + γ times. For z > 0 the
-    rule's pre-activation is ``z↑ = conv(x⁺, W + γW⁺, b + γb⁺) + conv(x⁻, W + γW⁻)``, for z < 0 ``z↓ =
-    conv(x⁺, W + γW⁻, b + γb⁻) + conv(x⁻, W + γW⁺)``, and ``R_x = x ⊙ ∂z↑/∂x ⋅ R / z↑`` (resp. z↓). γ = 0 is the
-    ε-rule (z↑ = z↓ = z). Signed inputs (normalised pixels) are allowed."""
-    if gamma == 0:
-        return F.conv2d(x, weight, bias, **conv)
-    # With P = conv(x⁺, W⁺) + conv(x⁻, W⁻), the positive contributions, and N = conv(x, W) - P the negative ones,
-    # z↑ = conv(x, W) + γP + b + γb⁺ and z↓ = conv(x, W) + γN + b + γb⁻: one extra pair of convolutions, not four,
-    # and after a ReLU (x⁻ = 0) one convolution with W and W⁺ stacked.
-    if bool((x < 0).any()):
-        z_nobias = F.conv2d(x, weight, None, **conv)
-        positive = F.conv2d(x.clamp(min=0), weight.clamp(min=0), None, **conv)
-        positive = positive + F.conv2d(x.clamp(max=0), weight.clamp(max=0), None, **conv)
-    else:
-        z_nobias, positive = F.conv2d(x, torch.cat([weight, weight.clamp(min=0)]), None, **conv).chunk(2, dim=1)
-    z = z_nobias if bias is None else z_nobias + bias[:, None, None]
-    up = z > 0
-    # the contributions of the output's own sign, P where z > 0 and N elsewhere, count 1 + γ times: z↑ or z↓
-    rule = z_nobias + gamma * torch.where(up, positive, z_nobias - positive)
-    if bias is not None:
-        b_up = (bias + gamma * bias.clamp(min=0))[:, None, None]
-        b_down = (bias + gamma * bias.clamp(max=0))[:, None, None]
-        rule = rule + torch.where(up, b_up, b_down)
-    return _with_gradient_of(z, rule * _safe_div(z, rule).detach())
-
-
-def _layer_norm_linear(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    """AttnLRP's LayerNorm (prop. 3.4): ``(x - mean) / σ ⊙ w + b`` with σ held constant, so the layer is
-    linear in x (the ε-rule through the centring, the identity rule through the division by σ)."""
-    mean = x.mean(dim=-1, keepdim=True)
-    sigma = (x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
-    return _with_gradient_of(norm(x), (x - mean) / sigma.detach() * norm.weight + norm.bias)
-
-
-def _layer_norm_identity(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    """Chefer et al.'s LayerNorm (``RelProp.relprop`` returns R): the identity rule, entry by entry."""
-    return _identity(x, norm(x))
-
-
-def _softmax_taylor(scores: torch.Tensor) -> torch.Tensor:
-    """AttnLRP's softmax (prop. 3.1, Taylor expansion at the input with a bias): ``R_in = x ⊙ (R - s Σ R)``,
-    which is exactly x times softmax's own gradient at ``R / s``: no change needed."""
-    return scores.softmax(dim=-1)
-
-
-def _softmax_identity(scores: torch.Tensor) -> torch.Tensor:
-    """Chefer et al.'s softmax: the identity rule."""
-    return _identity(scores, scores.softmax(dim=-1))
-
-
-class _ShareByBranch(torch.autograd.Function):
-    """Chefer et al.'s ``Add.relprop`` for ``a + b``: each entry's relevance split in proportion to its
-    contributions (the z-rule), then each branch rescaled, per image, so that the two share the total
-    relevance as ``|ΣR_a| : |ΣR_b|``. A backward rule that needs sums of the backward's own values, hence a
-    Function; it returns gradients ``g ⋅ factor`` so that ``a ⊙ gradient`` is the rescaled relevance."""
-
-    @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(a, b)
-        return a + b
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        a, b = ctx.saved_tensors
-        dims = tuple(range(1, g.ndim))
-        r_a, r_b = (a * g).sum(dims, keepdim=True), (b * g).sum(dims, keepdim=True)
-        share_a = _safe_div(r_a.abs(), r_a.abs() + r_b.abs())
-        total = r_a + r_b
-        return g * _safe_div(share_a * total, r_a), g * _safe_div((1 - share_a) * total, r_b)
-
-
-def _add_proportional(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return a + b
-
-
-@dataclass(frozen=True)
-class Rules:
-    """The rules in which AttnLRP and Chefer et al. differ (the module docstring's table); the identity rule
-    on activations and the uniform rule on the attention's products are common to both."""
-
-    linear: Callable[[nn.Linear, torch.Tensor], torch.Tensor]
-    layer_norm: Callable[[nn.LayerNorm, torch.Tensor], torch.Tensor]
-    softmax: Callable[[torch.Tensor], torch.Tensor]
-    add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-ATTNLRP = Rules(linear=_epsilon_linear, layer_norm=_layer_norm_linear, softmax=_softmax_taylor, add=_add_proportional)
-CHEFER = Rules(
-    linear=_zplus_linear, layer_norm=_layer_norm_identity, softmax=_softmax_identity, add=_ShareByBranch.apply
-)
-
 
 # ------------------------------------------------------------------- the forward pass, with rules
 
@@ -222,8 +56,8 @@ def _attention(rules: Rules, attn: nn.Module, x: torch.Tensor) -> tuple[torch.Te
     B, T, D = x.shape
     qkv = rules.linear(attn.qkv, x).reshape(B, T, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)
-    a = rules.softmax((_half(q) * attn.scale) @ _half(k).transpose(-2, -1))
-    out = (_half(a) @ _half(v)).transpose(1, 2).reshape(B, T, D)
+    a = rules.softmax((uniform_half(q) * attn.scale) @ uniform_half(k).transpose(-2, -1))
+    out = (uniform_half(a) @ uniform_half(v)).transpose(1, 2).reshape(B, T, D)
     return rules.linear(attn.proj, out), a
 
 
@@ -236,7 +70,7 @@ def propagate(model: nn.Module, tokens: torch.Tensor, rules: Rules) -> tuple[tor
         y, a = _attention(rules, blk.attn, _norm(rules, blk.norm1, x))
         x = rules.add(x, y)  # eq. 2
         h = rules.linear(blk.mlp.fc1, _norm(rules, blk.norm2, x))
-        x = rules.add(x, rules.linear(blk.mlp.fc2, _identity(h, blk.mlp.act(h))))  # eq. 3
+        x = rules.add(x, rules.linear(blk.mlp.fc2, identity_rule(h, blk.mlp.act(h))))  # eq. 3
         attentions.append(a)
     x = _norm(rules, model.norm, x)
     # pooling is linear: its gradient is the ε-rule (the mean's relevance goes to each token in proportion)
@@ -244,7 +78,7 @@ def propagate(model: nn.Module, tokens: torch.Tensor, rules: Rules) -> tuple[tor
     x = _norm(rules, model.fc_norm, x)
     if isinstance(model.pre_logits, nn.Module) and hasattr(model.pre_logits, "fc"):
         x = rules.linear(model.pre_logits.fc, x)
-        x = _identity(x, torch.tanh(x))
+        x = identity_rule(x, torch.tanh(x))
     if not isinstance(model.head, nn.Linear):
         raise ValueError("relevance propagation explains a class: the model needs a classifier head (num_classes > 0)")
     return rules.linear(model.head, x), attentions
@@ -255,10 +89,10 @@ def _conv(conv: nn.Conv2d, x: torch.Tensor, gamma: float) -> torch.Tensor:
     under the γ-rule."""
     if isinstance(conv, StdConv2dSame):
         x = pad_same(x, conv.kernel_size[0], conv.stride[0])
-        return _gamma_conv(x, conv.standardized_weight(), None, gamma, stride=conv.stride)
+        return gamma_conv(x, conv.standardized_weight(), None, gamma, stride=conv.stride)
     if isinstance(conv, WhiteningConv):
         x = pad_same(x, conv.kernel_size[0], 1)
-    return _gamma_conv(x, conv.weight, conv.bias, gamma, stride=conv.stride, padding=conv.padding)
+    return gamma_conv(x, conv.weight, conv.bias, gamma, stride=conv.stride, padding=conv.padding)
 
 
 def _group_norm(norm: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
@@ -267,7 +101,7 @@ def _group_norm(norm: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
     mean = g.mean(dim=-1, keepdim=True)
     sigma = (g.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
     linear = ((g - mean) / sigma.detach()).reshape_as(x) * norm.weight[:, None, None] + norm.bias[:, None, None]
-    y = _with_gradient_of(F.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps), linear)
+    y = with_gradient_of(F.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps), linear)
     return F.relu(y) if norm.act else y
 
 
@@ -293,13 +127,13 @@ def _conv_stem(stem: ConvStem, x: torch.Tensor, gamma: float) -> torch.Tensor:
     (ReLU or GELU) by the identity rule."""
     if stem.whiten is not None:
         x = _conv(stem.whiten, x, gamma)
-        x = _identity(x, stem.act(x))
+        x = identity_rule(x, stem.act(x))
     for layer in stem.layers:
         x = _conv(layer.conv, x, gamma)
         if layer.pool > 1:
             x = F.max_pool2d(x, layer.pool, ceil_mode=True)
         x = layer.norm(x)
-        x = _identity(x, layer.act(x))
+        x = identity_rule(x, layer.act(x))
     return x
 
 
@@ -373,12 +207,19 @@ def chefer(
     """Chefer, Gur & Wolf's transformer attribution (CVPR 2021): (B, grid_h, grid_w) maps in [0, 1] for
     ``target`` (None: each image's predicted class; an int; or one class per image).
 
-    ``Ā_l = mean_heads((∇A_l ⊙ R_{A_l})^+)``, ``R = (I + Ā_L) ... (I + Ā_1)``, map = the read-out row of R
-    over the patch tokens (``explain``'s conventions), divided by its maximum. ``∇A_l`` is the plain gradient
-    of the target logit; ``R_{A_l}`` the LRP relevance of the attention probabilities under their rules
-    (``CHEFER``), starting from relevance 1 on the target class, as their ``relprop(one_hot)``. The CNN of a
-    hybrid is run once and not explained (like every attention map). Two backward passes through the blocks:
-    the gradient, then the relevance. ``return_logits=True`` returns ``(logits, maps)``.
+    ``Ā_l = mean_heads((∇A_l ⊙ R_{A_l})^+)``, ``R = (I + Ā_L) ... (I + Ā_1)``, map = the read-out row of
+    ``R - I`` over the patch tokens (``explain.weighted_rollout``: their map for a class token; for average
+    pooling the identity's 1/N on every patch would swamp Ā, whose entries are about 1e-6 of it), divided by
+    its maximum. ``∇A_l`` is the plain gradient of the target logit; ``R_{A_l}`` the LRP relevance of the
+    attention probabilities under their rules (``CHEFER``), starting from relevance 1 on the target class, as
+    their ``relprop(one_hot)``. The CNN of a hybrid is run once and not explained (like every attention map).
+    Two backward passes through the blocks: the gradient, then the relevance. ``return_logits=True`` returns
+    ``(logits, maps)``.
+
+    Their rules are sensitive to the input: the identity rule of a LayerNorm hands relevance to entries of the
+    residual stream near 0, and the z-rule of the residual sum that made them divides by them. On the bundled
+    model a photo re-saved as JPEG gets a map correlated 0.5 with the first (AttnLRP's LayerNorm rule in its
+    place: 1.000), and their code's own 1e-9 offset in that division moves a map by 1e-3.
     """
     grid = token_grid(model, images)
     with eval_mode(model), torch.inference_mode(False), torch.enable_grad():
@@ -393,13 +234,12 @@ def chefer(
         # the relevance under Chefer et al.'s rules: R = 1 on the target, i.e. gradient 1 / z_t at the logit
         lrp_logits, lrp_attns = propagate(model, x, CHEFER)
         z = lrp_logits.gather(1, t[:, None])
-        seed = _safe_div(torch.ones_like(z), z.detach())
+        seed = safe_div(torch.ones_like(z), z.detach())
         lrp_grads = torch.autograd.grad((z * seed).sum(), lrp_attns)
     B, _, T, _ = attns[0].shape
-    v = readout_row(model, B, T, attns[0].device)
-    for a, grad, lrp_grad in zip(reversed(lrp_attns), reversed(grads), reversed(lrp_grads), strict=True):
-        relevance = a.detach().float() * lrp_grad.float()
-        cam = (grad.detach().float() * relevance).clamp(min=0).mean(dim=1)
-        v = v + torch.bmm(v.unsqueeze(1), cam).squeeze(1)  # v^T (I + Ā_l)
-    maps = to_map(v, model.num_prefix_tokens, grid)
+    cams = [  # Ā_l, last layer first; a ⊙ lrp_grad is R_{A_l}, the relevance of the attention probabilities
+        (grad.detach().float() * a.detach().float() * lrp_grad.float()).clamp(min=0).mean(dim=1)
+        for a, grad, lrp_grad in zip(reversed(lrp_attns), reversed(grads), reversed(lrp_grads), strict=True)
+    ]
+    maps = to_map(weighted_rollout(readout_row(model, B, T, attns[0].device), cams), model.num_prefix_tokens, grid)
     return (logits.detach(), maps) if return_logits else maps

@@ -33,8 +33,9 @@ import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
 from .checkpoint import CONFIG_NAME, OOD_NAME, WEIGHTS_NAME, CheckpointError, read_config, read_header, read_json
-from .config import ViTConfig, size_name
+from .config import ViTConfig
 from .run_folder import METRICS_NAME
+from .variants import size_name
 
 ACCURACY_KEYS = ("ema_test_top1", "top1", "test_top1", "test_acc", "val_top1", "val_acc", "acc", "accuracy")
 RECIPE_NAMES = ("recipe.json", "recipe.yaml", "recipe.yml")

@@ -13,6 +13,7 @@ the training data**. With test-time views (the image and its mirror) a score is 
 - ``mahalanobis``: min_c (f - mu_c)^T S^-1 (f - mu_c), the squared Mahalanobis distance to the closest class
   mean under one covariance S shared by the classes (Lee et al. 2018, eq. 2), on pre-logit features.
 
+The scores are a table, ``SCORES``: a name, the score's function, and the statistics it fits (``Score``).
 An ``OODDetector`` is one score, the statistics it needs (``fit_statistics``) and a threshold set on held-out
 in-distribution images only: the ``keep`` quantile of their scores (0.95: 95% of them keep their answer).
 ``auroc`` and ``fpr_at_tpr`` measure a score on inside and outside images (bench/ood.py).
@@ -21,66 +22,73 @@ in-distribution images only: the ``keep`` quantile of their scores (0.95: 95% of
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-SCORES = ("msp", "energy", "knn", "mahalanobis")
+Views = Sequence[torch.Tensor]  # one (B, C) logits or (B, D) features tensor per test-time view
+ScoreFn = Callable[[torch.Tensor, Views, Views, Mapping[str, torch.Tensor]], torch.Tensor]
+FitFn = Callable[[torch.Tensor, torch.Tensor, int], dict[str, torch.Tensor]]
+
 KNN_K = 10
-# The statistics each score keeps, by tensor name: what an ood.safetensors file may hold.
-STATISTICS = {"msp": (), "energy": (), "knn": ("bank",), "mahalanobis": ("means", "precision")}
+# The dimensions a statistic's shape may name: the model's classes and pre-logit features, or any other name
+# for a count of stored training images (a knn bank's rows), which ``calibration_file`` bounds.
+CLASSES, FEATURES = "classes", "features"
 
 
-def fit_statistics(
-    score: str, features: torch.Tensor, labels: torch.Tensor, num_classes: int
-) -> dict[str, torch.Tensor]:
-    """What ``score`` needs from training images: their pre-logit ``features`` (N, D) and ``labels`` (N,).
+@dataclass(frozen=True)
+class Score:
+    """One OOD score: its function and, when it needs statistics of the training images, how they are fitted
+    and their tensors' shapes (by name, in ``CLASSES``, ``FEATURES`` or a count of images)."""
 
-    knn: the normalised features, in fp16 (a bank of 10,000 x 192 is 3.8 MB). mahalanobis: the class means
-    (C, D) and the inverse of the shared covariance S = 1/N sum_i (f_i - mu_{y_i})(f_i - mu_{y_i})^T (D, D),
-    computed in float64 and stored in float32."""
-    _check_score(score)
-    if score == "knn":
-        return {"bank": F.normalize(features.double(), dim=-1).half().contiguous()}
-    if score == "mahalanobis":
-        f = features.double()
-        counts = torch.bincount(labels, minlength=num_classes)
-        if (counts == 0).any():
-            raise ValueError(
-                f"mahalanobis needs images of every class; none of class {int((counts == 0).nonzero()[0])}"
-            )
-        means = torch.zeros(num_classes, f.shape[1], dtype=torch.float64).index_add_(0, labels, f) / counts[:, None]
-        centred = f - means[labels]
-        cov = centred.T @ centred / len(f)
-        # a tiny ridge keeps S invertible when a feature is (nearly) constant over the training images
-        cov += 1e-6 * cov.diagonal().mean() * torch.eye(len(cov), dtype=cov.dtype)
-        return {"means": means.float().contiguous(), "precision": torch.linalg.inv(cov).float().contiguous()}
-    return {}
+    fn: ScoreFn  # (probs, logits, features, statistics) -> (B,) float64, higher = less like the training images
+    fit: FitFn | None = None  # (features (N, D), labels (N,), num_classes) -> statistics; None: needs none
+    statistics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # tensor name -> its dimensions
 
 
-def ood_scores(
-    score: str,
-    *,
-    probs: torch.Tensor,
-    logits: Sequence[torch.Tensor],
-    features: Sequence[torch.Tensor],
-    statistics: Mapping[str, torch.Tensor],
+def _msp(probs: torch.Tensor, logits: Views, features: Views, statistics: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return 1 - probs.double().max(-1).values
+
+
+def _energy(
+    probs: torch.Tensor, logits: Views, features: Views, statistics: Mapping[str, torch.Tensor]
 ) -> torch.Tensor:
-    """(B,) scores, higher = less like the training images: ``probs`` (B, C) are the returned probabilities
-    (mean over the views), ``logits`` and ``features`` one (B, C) / (B, D) tensor per view."""
-    _check_score(score)
-    if score == "msp":
-        return 1 - probs.double().max(-1).values
-    if score == "energy":
-        return torch.stack([-torch.logsumexp(z.double(), -1) for z in logits]).mean(0)
-    if score == "knn":
-        bank = statistics["bank"].to(features[0].device, torch.float32)
-        k = min(KNN_K, len(bank))
-        # |a - b|^2 = 2 - 2 a.b for unit vectors: the k-th largest similarity is the k-th nearest neighbour
-        sims = [(F.normalize(f.float(), dim=-1) @ bank.T).topk(k, dim=-1).values[:, -1] for f in features]
-        return torch.stack([(2 - 2 * s.double()).clamp_min(0).sqrt() for s in sims]).mean(0)
+    return torch.stack([-torch.logsumexp(z.double(), -1) for z in logits]).mean(0)
+
+
+def _fit_knn(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, torch.Tensor]:
+    """The normalised features, in fp16 (a bank of 10,000 x 192 is 3.8 MB)."""
+    return {"bank": F.normalize(features.double(), dim=-1).half().contiguous()}
+
+
+def _knn(probs: torch.Tensor, logits: Views, features: Views, statistics: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    bank = statistics["bank"].to(features[0].device, torch.float32)
+    k = min(KNN_K, len(bank))
+    # |a - b|^2 = 2 - 2 a.b for unit vectors: the k-th largest similarity is the k-th nearest neighbour
+    sims = [(F.normalize(f.float(), dim=-1) @ bank.T).topk(k, dim=-1).values[:, -1] for f in features]
+    return torch.stack([(2 - 2 * s.double()).clamp_min(0).sqrt() for s in sims]).mean(0)
+
+
+def _fit_mahalanobis(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, torch.Tensor]:
+    """The class means (C, D) and the inverse of the shared covariance S = 1/N sum_i (f_i - mu_{y_i})(f_i -
+    mu_{y_i})^T (D, D), computed in float64 and stored in float32."""
+    f = features.double()
+    counts = torch.bincount(labels, minlength=num_classes)
+    if (counts == 0).any():
+        raise ValueError(f"mahalanobis needs images of every class; none of class {int((counts == 0).nonzero()[0])}")
+    means = torch.zeros(num_classes, f.shape[1], dtype=torch.float64).index_add_(0, labels, f) / counts[:, None]
+    centred = f - means[labels]
+    cov = centred.T @ centred / len(f)
+    # a tiny ridge keeps S invertible when a feature is (nearly) constant over the training images
+    cov += 1e-6 * cov.diagonal().mean() * torch.eye(len(cov), dtype=cov.dtype)
+    return {"means": means.float().contiguous(), "precision": torch.linalg.inv(cov).float().contiguous()}
+
+
+def _mahalanobis(
+    probs: torch.Tensor, logits: Views, features: Views, statistics: Mapping[str, torch.Tensor]
+) -> torch.Tensor:
     means = statistics["means"].to(features[0].device, torch.float64)
     precision = statistics["precision"].to(features[0].device, torch.float64)
     distances = []
@@ -90,9 +98,45 @@ def ood_scores(
     return torch.stack(distances).mean(0)
 
 
-def _check_score(score: str) -> None:
-    if score not in SCORES:
-        raise ValueError(f"unknown OOD score {score!r}; one of {', '.join(SCORES)}")
+# The scores by name: what ``--ood`` offers, what a checkpoint's calibration may name. Adding a score is one
+# entry here plus its functions.
+SCORES: dict[str, Score] = {
+    "msp": Score(_msp),
+    "energy": Score(_energy),
+    "knn": Score(_knn, _fit_knn, {"bank": ("images", FEATURES)}),
+    "mahalanobis": Score(
+        _mahalanobis, _fit_mahalanobis, {"means": (CLASSES, FEATURES), "precision": (FEATURES, FEATURES)}
+    ),
+}
+
+
+def score_named(name: str) -> Score:
+    """The entry of ``SCORES`` called ``name``; ``ValueError`` naming the choices otherwise."""
+    if name not in SCORES:
+        raise ValueError(f"unknown OOD score {name!r}; one of {', '.join(SCORES)}")
+    return SCORES[name]
+
+
+def fit_statistics(
+    score: str, features: torch.Tensor, labels: torch.Tensor, num_classes: int
+) -> dict[str, torch.Tensor]:
+    """What ``score`` needs from training images: their pre-logit ``features`` (N, D) and ``labels`` (N,)
+    (knn: the normalised features; mahalanobis: the class means and the shared covariance's inverse)."""
+    fit = score_named(score).fit
+    return {} if fit is None else fit(features, labels, num_classes)
+
+
+def ood_scores(
+    score: str,
+    *,
+    probs: torch.Tensor,
+    logits: Views,
+    features: Views,
+    statistics: Mapping[str, torch.Tensor],
+) -> torch.Tensor:
+    """(B,) scores, higher = less like the training images: ``probs`` (B, C) are the returned probabilities
+    (mean over the views), ``logits`` and ``features`` one (B, C) / (B, D) tensor per view."""
+    return score_named(score).fn(probs, logits, features, statistics)
 
 
 @dataclass(frozen=True)
@@ -106,12 +150,12 @@ class OODDetector:
     fitted_on: str = ""  # what the statistics and the threshold were computed on, in words
 
     def __post_init__(self) -> None:
-        _check_score(self.score)
+        entry = score_named(self.score)
         if not (isinstance(self.threshold, float | int) and math.isfinite(self.threshold)):
             raise ValueError(f"OOD threshold must be a finite number, got {self.threshold!r}")
         if not (isinstance(self.keep, float | int) and 0 < self.keep <= 1):
             raise ValueError(f"OOD keep must be in (0, 1], got {self.keep!r}")
-        names = set(STATISTICS[self.score])
+        names = set(entry.statistics)
         if set(self.statistics) != names:
             raise ValueError(
                 f"the {self.score} score needs the statistics {sorted(names)}, got {sorted(self.statistics)}"

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cnn import is_cnn
-from .config import ViTConfig, get_config
+from .config import ViTConfig
 from .data import check_augment
+from .variants import get_config
 
 
 class RecipeError(ValueError):

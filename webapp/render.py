@@ -23,6 +23,10 @@ OUTLINE = (255, 255, 255)
 SHADOW = (0, 0, 0)
 IMAGE_DESCRIPTION = 0x010E  # EXIF tag
 MIN_SIDE = 256  # smaller images are shown enlarged: a map over an 8-pixel image is not an 8-pixel speck
+# A map whose range is below this share of its largest magnitude is flat: stretched to the full colour range,
+# its colours would show float rounding (Chefer et al.'s map once spanned 0.99990 to 1 and was drawn as a map)
+FLAT = 1e-4
+FLAT_LABEL = f"flat map: range < {FLAT:.2%}"
 
 
 @lru_cache(maxsize=16)
@@ -41,6 +45,24 @@ def range_labels(lo: float, hi: float) -> tuple[str, str]:
     return labels
 
 
+def is_flat(heat: torch.Tensor) -> bool:
+    """Whether ``heat``'s range is below ``FLAT`` of its largest magnitude (an all-zero map is flat)."""
+    lo, hi = float(heat.min()), float(heat.max())
+    return hi - lo <= FLAT * max(abs(lo), abs(hi))
+
+
+def bar_labels(heat: torch.Tensor) -> tuple[str, str]:
+    """What the colour bar's two ends say: the map's range (``range_labels``), or for a flat map that it is flat
+    and the value it holds."""
+    lo, hi = float(heat.min()), float(heat.max())
+    return (FLAT_LABEL, f"{hi:.4g}") if is_flat(heat) else range_labels(lo, hi)
+
+
+def _coloured(image: Image.Image, heat: torch.Tensor, alpha: float) -> Image.Image:
+    """``figures.overlay``, which stretches a map to the full colour range, except for a flat map: one colour."""
+    return figures.overlay(image, torch.zeros_like(heat) if is_flat(heat) else heat, alpha=alpha, colormap=COLORMAP)
+
+
 def outline(img: Image.Image, box: tuple[float, float, float, float], width: int = 2) -> Image.Image:
     """``img`` with ``box`` outlined in white over black, visible on any colour; drawn in place, returned."""
     draw = ImageDraw.Draw(img)
@@ -52,17 +74,18 @@ def outline(img: Image.Image, box: tuple[float, float, float, float], width: int
 
 def with_colorbar(img: Image.Image, heat: torch.Tensor, caption: str) -> Image.Image:
     """``img`` with a horizontal colour bar below it, labelled with the map's smallest and largest values:
-    ``figures.overlay`` stretches every map to the full colour range, so the ends say what the colours mean."""
+    ``figures.overlay`` stretches every map to the full colour range, so the ends say what the colours mean.
+    A flat map (``is_flat``) is drawn in one colour, and its bar, that colour, says so (``bar_labels``)."""
     w = img.width
     size = max(10, min(28, round(w / 32)))
     font = _font(size)
     bar_h, pad = max(6, size // 2), max(2, size // 4)
     strip = Image.new("RGB", (w, pad + bar_h + pad + size + pad), "white")
-    ramp = colormaps[COLORMAP](np.linspace(0.0, 1.0, w))[None, :, :3]
+    ramp = colormaps[COLORMAP](np.zeros(w) if is_flat(heat) else np.linspace(0.0, 1.0, w))[None, :, :3]
     strip.paste(Image.fromarray(np.round(np.repeat(ramp, bar_h, axis=0) * 255).astype(np.uint8)), (0, pad))
     draw = ImageDraw.Draw(strip)
     y = pad + bar_h + pad
-    lo, hi = range_labels(float(heat.min()), float(heat.max()))
+    lo, hi = bar_labels(heat)
     draw.text((1, y), lo, fill="black", font=font)
     draw.text((w - 1, y), hi, fill="black", font=font, anchor="ra")
     room = w - draw.textlength(lo, font=font) - draw.textlength(hi, font=font) - 4 * size
@@ -77,7 +100,7 @@ def with_colorbar(img: Image.Image, heat: torch.Tensor, caption: str) -> Image.I
 def map_on_image(shown: Image.Image, box: Box, heat: torch.Tensor, alpha: float, caption: str) -> Image.Image:
     """The whole image with ``heat`` blended over ``box``, the region the model saw (outlined), and a colour bar."""
     out = shown.convert("RGB")  # a copy: ``shown`` is cached and shared between requests
-    out.paste(figures.overlay(shown.crop(box), heat, alpha=alpha, colormap=COLORMAP), box[:2])
+    out.paste(_coloured(shown.crop(box), heat, alpha), box[:2])
     if box != (0, 0, *shown.size):
         outline(out, box, width=max(1, round(max(shown.size) / 300)))
     return with_colorbar(out, heat, caption)
@@ -98,7 +121,7 @@ def map_on_crop(
     crop = shown.crop(box)
     scale = side / max(crop.size)
     crop = crop.resize((max(1, round(crop.width * scale)), max(1, round(crop.height * scale))), Image.BILINEAR)
-    out = figures.overlay(crop, heat, alpha=alpha, colormap=COLORMAP)
+    out = _coloured(crop, heat, alpha)
     if patch is not None:
         l, t, r, b = patch
         outline(out, (l * out.width, t * out.height, r * out.width, b * out.height))
