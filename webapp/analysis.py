@@ -170,6 +170,19 @@ class Upload:
         return buf
 
 
+def declared(image: Upload | str | None) -> tuple[ImageHeader | None, int]:
+    """What an upload declares, for a memory estimate before anything is decoded: its header (None when there
+    is none, or it is unreadable: the request then fails before decoding) and its size in bytes."""
+    if not image:
+        return None, 0
+    upload = upload_of(image)
+    try:
+        size = len(upload.data)
+        return upload.header, size
+    except ImageDataError:
+        return None, 0
+
+
 def upload_of(image: Upload | str) -> Upload:
     """The ``Upload`` of an image handed to a handler: the component's, or a path (code calling a handler)."""
     return image if isinstance(image, Upload) else Upload(image)

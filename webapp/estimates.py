@@ -32,11 +32,11 @@ from typing import Any
 
 from vit_core import ViTConfig, methods
 from vit_core.cost import activation_bytes
-from vit_core.data import ImageDataError, ImageHeader, ImageTransform
+from vit_core.data import ImageHeader, ImageTransform
 from vit_core.data.images import target_size
 
 from .admission import MB
-from .analysis import MAX_SIDE, Upload, needed_side, upload_of
+from .analysis import MAX_SIDE, needed_side
 
 REQUEST_BYTES = 48 * MB  # Gradio's side of a request, and a margin
 BACKWARD = 6  # forward and backward passes (gradient rollout) keep this many forward passes' activations
@@ -81,35 +81,29 @@ def image_bytes(header: ImageHeader | None, transform: ImageTransform | None, dr
     return max(header.decode_bytes(MAX_SIDE, need), (4 + draw) * shown + model)
 
 
-def model_of(loaded: Callable[[str], tuple[Any, ImageTransform] | None], arguments: dict[str, Any]) -> tuple:
-    """The model a request names and its transform, if it is loaded now (``Models.loaded``); else (None, None),
+def model_of(loaded: Callable[[str], tuple[Any, ImageTransform] | None], choice: object) -> tuple:
+    """The model a request chose and its transform, if it is loaded now (``Models.loaded``); else (None, None),
     and the estimate leaves the model out: the request then waits a second for the load and most often answers
     "still loading"."""
-    choice = arguments.get("model_choice")
     got = loaded(choice) if isinstance(choice, str) else None
     return got if got is not None else (None, None)
 
 
-def method_of(arguments: dict[str, Any]) -> methods.Method | None:
+def method_of(title: object) -> methods.Method | None:
     """The method a request names, or None (the default's, or a name the request's checks will refuse)."""
     try:
-        return methods.by_title(arguments.get("method"))
+        return methods.by_title(title)
     except ValueError:
         return None
 
 
-def image_request(image: Upload | str | None, transform: ImageTransform | None, draw: int, model: int) -> int:
-    """A request about one uploaded image: ``REQUEST_BYTES``, the upload read once, then ``image_bytes``
-    (``draw`` bytes a pixel for the tab's pictures, ``model`` for the model); an unreadable upload fails before
-    decoding."""
-    header, size = None, 0
-    if image:
-        upload = upload_of(image)
-        try:
-            size = len(upload.data)
-            header = upload.header
-        except ImageDataError:
-            pass
+def image_request(
+    declared: tuple[ImageHeader | None, int], transform: ImageTransform | None, draw: int, model: int
+) -> int:
+    """A request about one uploaded image, from what it declares (``analysis.declared``: its header, None when
+    unreadable, and its size in bytes): ``REQUEST_BYTES``, the upload read once, then ``image_bytes`` (``draw``
+    bytes a pixel for the tab's pictures, ``model`` for the model)."""
+    header, size = declared
     return REQUEST_BYTES + size + image_bytes(header, transform, draw, model)
 
 

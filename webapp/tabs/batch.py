@@ -167,11 +167,11 @@ def build(ctx: Context, page: Page) -> None:
 def estimate(ctx: Context, arguments: dict) -> int:
     """One image decoded at a time (at most ``MAX_DECODE_BYTES``), the gallery's overlays, and on a CPU one
     chunk through the model (forward passes, or ``BACKWARD`` of them for a map with a backward pass)."""
-    model, _ = estimates.model_of(ctx.models.loaded, arguments)
+    model, _ = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
     gallery = MAX_IMAGES * 4 * THUMB * THUMB
     work = 0
     if model is not None and ctx.device.type == "cpu":
-        method = estimates.method_of(arguments) or batchable()[0]
+        method = estimates.method_of(arguments.get("method")) or batchable()[0]
         factor = estimates.BACKWARD if method.cost.backward else 2
         work = factor * estimates.forward_bytes(model.config, chunk_size(method))
     return estimates.REQUEST_BYTES + MAX_DECODE_BYTES + gallery + work

@@ -20,7 +20,7 @@ from vit_core import VisionTransformer, methods
 
 from .. import estimates, model_info, render
 from ..admission import COMPUTE
-from ..analysis import Analysis, Upload, explained_class, map_key, relevance
+from ..analysis import Analysis, Upload, declared, explained_class, map_key, relevance
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
 from ..settings import PREDICTED, Settings, check_top_k, head_name, layer_name, lrp_based, lrp_notice, parse_settings
@@ -59,12 +59,12 @@ def explains(a: Analysis, s: Settings) -> str:
 def estimate(ctx: Context, arguments: dict) -> int:
     """A request's memory: the upload decoded, then the analysis and the map asked for (on a CPU) beside the
     overlay (``webapp.estimates``)."""
-    model, transform = estimates.model_of(ctx.models.loaded, arguments)
+    model, transform = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
     work = 0
     if model is not None and ctx.device.type == "cpu":
-        method = estimates.method_of(arguments) or ctx.default_method
+        method = estimates.method_of(arguments.get("method")) or ctx.default_method
         work = estimates.analysis_bytes(model.config) + estimates.map_bytes(model.config, method)
-    return estimates.image_request(arguments.get("image"), transform, DRAW_BYTES, work)
+    return estimates.image_request(declared(arguments.get("image")), transform, DRAW_BYTES, work)
 
 
 @user_errors

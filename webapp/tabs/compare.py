@@ -22,7 +22,7 @@ from vit_core.faithfulness import deletion_insertion_auc
 
 from .. import estimates, render
 from ..admission import COMPUTE
-from ..analysis import Analysis, Upload, autocast, explained_class, map_key, relevance
+from ..analysis import Analysis, Upload, autocast, declared, explained_class, map_key, relevance
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
 from ..model_info import format_ms
@@ -69,14 +69,14 @@ def score_methods(
 def estimate(ctx: Context, arguments: dict) -> int:
     """The upload decoded, then on a CPU the analysis, every map this server draws for the model, and the
     deletion and insertion curves, ``COMPARE_STEPS + 1`` images each."""
-    model, transform = estimates.model_of(ctx.models.loaded, arguments)
+    model, transform = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
     work = 0
     if model is not None and ctx.device.type == "cpu":
         cfg = model.config
         curves = estimates.forward_bytes(cfg, COMPARE_STEPS + 1, attention=False)
         runs = [m for m in methods.METHODS if affordable(m, cfg, ctx.device)]
         work = estimates.analysis_bytes(cfg) + sum(estimates.map_bytes(cfg, m) for m in runs) + curves
-    return estimates.image_request(arguments.get("image"), transform, DRAW_BYTES, work)
+    return estimates.image_request(declared(arguments.get("image")), transform, DRAW_BYTES, work)
 
 
 @user_errors

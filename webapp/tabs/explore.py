@@ -24,7 +24,7 @@ from vit_core import VisionTransformer, explain
 
 from .. import estimates, render
 from ..admission import COMPUTE
-from ..analysis import Analysis, Upload
+from ..analysis import Analysis, Upload, declared
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
 from ..settings import Settings, head_name, layer_name, parse_settings
@@ -157,10 +157,10 @@ def estimate(ctx: Context, arguments: dict) -> int:
 
 
 def _estimate(ctx: Context, arguments: dict, draw: int) -> int:
-    model, transform = estimates.model_of(ctx.models.loaded, arguments)
+    model, transform = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
     cpu = model is not None and ctx.device.type == "cpu"
     work = estimates.analysis_bytes(model.config) if cpu else 0
-    return estimates.image_request(arguments.get("image"), transform, draw, work)
+    return estimates.image_request(declared(arguments.get("image")), transform, draw, work)
 
 
 @user_errors

@@ -24,7 +24,7 @@ FIGURE_BYTES = 64 * MB  # the tab's matplotlib figures
 
 def estimate(ctx: Context, arguments: dict) -> int:
     """The figures, and on a CPU a forward pass of the example photos."""
-    model, _ = estimates.model_of(ctx.models.loaded, arguments)
+    model, _ = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
     cpu = model is not None and ctx.device.type == "cpu"
     work = estimates.forward_bytes(model.config, len(EXAMPLES)) + FIGURE_BYTES if cpu else 0
     return estimates.REQUEST_BYTES + work
