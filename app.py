@@ -4,8 +4,8 @@
     python app.py --public [--models a,b]     # a public server: all interfaces (unless --host), listed models only
 
 Runs locally (GPU when there is one), and unchanged as a Hugging Face Space (ZeroGPU included). All model,
-image and explanation logic lives in ``vit_core`` and ``webapp``, each tab in ``webapp/ui``; this file is the
-page, the launch and the wiring.
+image and explanation logic lives in ``vit_core`` and ``webapp``, each tab in a module of ``webapp/tabs``; this file
+is the page (the picker, then ``TABS``), the launch and the wiring.
 
 Endpoints (``gradio_client``): ``/classify``, ``/explore`` (one patch's attention), ``/compare`` (every method
 with its deletion/insertion AUC), ``/batch`` (many images or a zip -> gallery + CSV) and ``/inspect``.
@@ -27,19 +27,22 @@ import torch
 from fastapi.middleware import Middleware
 
 from webapp.admission import DEFAULT_SHARE, MB, Gate
-from webapp.batch import MAX_TOTAL_BYTES
+from webapp.archives import MAX_TOTAL_BYTES
 from webapp.memory import limit_arenas
 from webapp.models import Models
 from webapp.options import ALL_INTERFACES, Options, add_arguments, configure, serving_host
 from webapp.queueing import ClientLimits, UploadLimits
-from webapp.ui import batch, classify, compare, explore, inspect, picker
+from webapp.tabs import batch, classify, compare, explore, inspect
+from webapp.ui import picker
 from webapp.ui.context import Context
 
+TABS = (classify, explore, compare, batch, inspect)  # the page's tabs, in order: each a module (``webapp.tabs``)
 QUEUE_SIZE = 64  # requests waiting at once, all clients together
 DELETE_CACHE = (300, 900)  # every 5 minutes, delete uploads and outputs older than 15 minutes
 CSS = """
 .verdict p { font-size: 1.6rem; font-weight: 600; margin: 0; }
 .verdict.quiet p { font-size: 1.05rem; font-weight: 500; }
+.notice p { font-size: 0.8rem; opacity: 0.8; margin: 0; }
 #summary table { word-break: normal; overflow-wrap: normal; hyphens: none; }
 #summary td:first-child { white-space: nowrap; }
 #summary .prose { overflow-x: auto; }
@@ -73,27 +76,20 @@ CSS = """
 
 
 def build_ui(ctx: Context) -> gr.Blocks:
-    """The page: the model picker, then one tab per module of ``webapp.ui``, starting on the startup model."""
+    """The page: the model picker, then a tab for each module of ``TABS``, starting on the startup model."""
     with gr.Blocks(title="Vision Transformer: where did it look?", delete_cache=DELETE_CACHE) as demo:
         gr.Markdown(
             "## Where did the Vision Transformer look?\n"
             "Classify an image, see which patches the prediction drew on, click a patch to see where it "
             "attends, and score each explanation."
         )
-        models = picker.build(ctx)
+        page = picker.Page(picker.build(ctx))
         # short tab names (one row on a 390-px phone); wrapped rather than hidden behind a "more" menu if not
         with gr.Tabs(overflow_behavior="wrap"):
-            with gr.Tab("Classify"), gr.Row():
-                classify_tab = classify.build(ctx, models)
-            with gr.Tab("Explore"):
-                explore_tab = explore.build(ctx, models, classify_tab)
-            with gr.Tab("Compare"):
-                compare.build(ctx, models, classify_tab)
-            with gr.Tab("Batch"):
-                batch.build(ctx, models, classify_tab)
-            with gr.Tab("Inspect"):
-                inspect.build(ctx, models)
-        picker.connect(ctx, models, demo, [classify_tab, explore_tab])
+            for tab in TABS:
+                with gr.Tab(tab.TITLE):
+                    page.built[tab] = tab.build(ctx, page)
+        picker.connect(ctx, page.picker, demo, page.fitted())
     return demo
 
 

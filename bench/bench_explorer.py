@@ -30,10 +30,10 @@ from PIL import Image
 
 import app
 from vit_core.methods import ROLLOUT
-from webapp import explorer, render
+from webapp import render
 from webapp.catalog import ROOT
 from webapp.settings import PREDICTED
-from webapp.ui import classify, explore
+from webapp.tabs import classify, explore
 from webapp.ui.context import Context
 
 PHOTO = ROOT / "examples" / "cat_chelsea.jpg"
@@ -69,7 +69,7 @@ def _in_process(ctx: Context, fresh: list[str], same: str, repeats: int) -> dict
         method=ROLLOUT.title, target=PREDICTED, layer=-1, head="mean", head_fusion="mean", discard_ratio=0.0
     )
     a = ctx.analysis(same, choice)
-    vw = render.fit(a.shown.size, explorer.VIEW_SIDE)[0]
+    vw = render.fit(a.shown.size, explore.VIEW_SIDE)[0]
     left, top, right, bottom = (v * vw / a.size[0] for v in a.crop)
     clicks = [
         SimpleNamespace(index=(left + (i * 37) % max(1, int(right - left)), top + (i * 53) % max(1, int(bottom - top))))

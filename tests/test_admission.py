@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,11 +19,12 @@ import torch
 import vit_core
 from vit_core import methods
 from vit_core.data import ImageHeader, build_transform
-from webapp import admission, analysis, batch, estimates
+from webapp import admission, analysis, archives, estimates
 from webapp.admission import MB, Busy, Gate, rss
 from webapp.catalog import BUNDLED
-from webapp.estimates import Costs
 from webapp.settings import PREDICTED
+from webapp.tabs import batch, classify
+from webapp.tabs import inspect as inspect_tab
 from webapp.ui import fresh
 
 CPU = torch.device("cpu")
@@ -119,35 +121,51 @@ def test_a_gated_listener_keeps_its_signature_and_its_cost_sees_its_arguments():
     assert gated("a.png", model_choice="x") == "a.png-x" and seen == {"image": "a.png", "model_choice": "x"}
 
 
-def test_the_estimate_follows_the_image_the_model_and_the_endpoint():
+def estimating(model: object, transform: object = None, device: torch.device = CPU) -> SimpleNamespace:
+    """What a tab's estimate reads of the app's context: the loaded model of the choice "bundled" (none of any
+    other), the device and the default map."""
+    loaded = lambda choice: (model, transform) if choice == "bundled" else None  # noqa: E731
+    return SimpleNamespace(models=SimpleNamespace(loaded=loaded), device=device, default_method=methods.ATTNLRP)
+
+
+def test_the_estimate_follows_the_image_the_model_and_the_tab():
     model = vit_core.from_pretrained(BUNDLED).eval()
     tf = build_transform(model.pretrained_cfg)
-    costs = Costs(lambda choice: (model, tf) if choice == "bundled" else None, lambda: CPU, examples=6)
+    ctx = estimating(model, tf)
     big, small = ImageHeader((7063, 7063), "PNG", "RGB"), ImageHeader((451, 300), "JPEG", "RGB")
     need = analysis.needed_side(tf)
     # decoding a 49.9 MP PNG dominates: its full decode (4 bytes a pixel) and the reduced copies
-    assert estimates.image_bytes(big, tf, "classify") == big.decode_bytes(analysis.MAX_SIDE, need)
+    assert estimates.image_bytes(big, tf, classify.DRAW_BYTES) == big.decode_bytes(analysis.MAX_SIDE, need)
     assert big.decode_bytes(analysis.MAX_SIDE, need) == 4 * 7063 * 7063 + 28 * 2048 * 2048
     # a small photo: what follows the decode, the picture drawn and the model
-    assert estimates.image_bytes(small, tf, "classify", 5 * MB) == (4 + 36) * 451 * 300 + 5 * MB
-    # a RISE map costs 64 masked images through the model; raw attention none beyond the analysis
+    assert estimates.image_bytes(small, tf, classify.DRAW_BYTES, 5 * MB) == (4 + 36) * 451 * 300 + 5 * MB
+    # a request about a real upload: its bytes (read once), then the decode or what follows it
+    photo = ROOT / "examples" / "cat_chelsea.jpg"
+    header = vit_core.data.read_header(photo)
     cfg = model.config
-    rise = estimates.model_bytes(cfg, "classify", methods.RISE, CPU)
-    raw = estimates.model_bytes(cfg, "classify", methods.RAW, CPU)
+    work = estimates.analysis_bytes(cfg) + estimates.map_bytes(cfg, methods.ATTNLRP)  # the default map
+    expected = estimates.REQUEST_BYTES + photo.stat().st_size + estimates.image_bytes(header, tf, 36, work)
+    assert classify.estimate(ctx, {"image": str(photo), "model_choice": "bundled"}) == expected
+    # a RISE map costs 64 masked images through the model; raw attention none beyond the analysis
+    rise, raw = (
+        classify.estimate(ctx, {"model_choice": "bundled", "method": m.title}) for m in (methods.RISE, methods.RAW)
+    )
     assert rise - raw == estimates.forward_bytes(cfg, 64, attention=False) + 4 * 500 * 32 * 32
-    assert estimates.model_bytes(cfg, "classify", methods.RISE, torch.device("cuda")) == 0  # the GPU's memory
+    gpu = estimating(model, tf, torch.device("cuda"))  # the model's memory is the GPU's
+    assert classify.estimate(gpu, {"model_choice": "bundled", "method": methods.RISE.title}) == estimates.REQUEST_BYTES
     b16 = vit_core.get_config("vit_base_patch16_224")
     assert estimates.forward_bytes(b16, 1) == vit_core.cost.activation_bytes(b16)
-    # a gradient-rollout batch runs 4 images per backward pass, rollout 16 per forward pass
-    assert estimates.model_bytes(b16, "batch", methods.GRADIENT, CPU) == 6 * 4 * estimates.forward_bytes(b16, 1)
-    assert estimates.model_bytes(b16, "batch", methods.ROLLOUT, CPU) == 2 * 16 * estimates.forward_bytes(b16, 1)
-    # a batch's decoding is bounded by batch.MAX_DECODE_BYTES, whatever it holds
-    gallery = batch.MAX_IMAGES * 4 * batch.THUMB * batch.THUMB
-    chunk = estimates.model_bytes(cfg, "batch", methods.ROLLOUT, CPU)
-    expected = estimates.REQUEST_BYTES + batch.MAX_DECODE_BYTES + gallery + chunk
-    assert costs.batch({"model_choice": "bundled", "method": methods.ROLLOUT.title}) == expected
+    # a batch: its decoding bounded by batch.MAX_DECODE_BYTES whatever it holds, the gallery, and one chunk:
+    # gradient rollout runs 4 images per backward pass, rollout 16 per forward pass
+    gallery = archives.MAX_IMAGES * 4 * batch.THUMB * batch.THUMB
+    base = estimates.REQUEST_BYTES + batch.MAX_DECODE_BYTES + gallery
+    vit_b = estimating(SimpleNamespace(config=b16))
+    for method, chunk in ((methods.GRADIENT, 6 * 4), (methods.ROLLOUT, 2 * 16)):
+        want = base + chunk * estimates.forward_bytes(b16, 1)
+        assert batch.estimate(vit_b, {"model_choice": "bundled", "method": method.title}) == want
     # a model that is not loaded: the request fails at once and costs little
-    assert Costs.small({}) == costs.inspect({"model_choice": "other"}) == estimates.REQUEST_BYTES
+    assert estimates.request_only(ctx, {}) == inspect_tab.estimate(ctx, {"model_choice": "other"})
+    assert inspect_tab.estimate(ctx, {"model_choice": "other"}) == estimates.REQUEST_BYTES
 
 
 def test_every_compute_listener_is_gated_and_in_one_concurrency_group():

@@ -21,7 +21,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import torch
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError, ValidationError
 from PIL import Image
@@ -30,11 +29,12 @@ import vit_core
 from vit_core.data import build_transform
 from webapp import estimates
 from webapp.catalog import BUNDLED
-from webapp.estimates import Costs
 from webapp.model_info import format_count
+from webapp.tabs import batch, classify, compare, explore
 
 from .net import free_port
 from .rss import peak_above, reset_peak, rss_mb
+from .test_admission import estimating
 
 ROOT = Path(__file__).resolve().parents[1]
 CAT = ROOT / "examples" / "cat_chelsea.jpg"
@@ -279,7 +279,7 @@ def test_the_memory_estimate_bounds_the_peak_of_real_requests(server, tmp_path):
     tolerance) and is not loose by more than 3x."""
     proc, client, _ = server
     model = vit_core.from_pretrained(BUNDLED).eval()
-    costs = Costs(lambda choice: (model, build_transform(model.pretrained_cfg)), lambda: torch.device("cpu"), 6)
+    ctx = estimating(model, build_transform(model.pretrained_cfg))
     archive = tmp_path / "three.zip"
     with zipfile.ZipFile(archive, "w") as z:
         for i in range(3):
@@ -287,23 +287,31 @@ def test_the_memory_estimate_bounds_the_peak_of_real_requests(server, tmp_path):
     big = [_unique_big_png(tmp_path, f"b{i}.png") for i in range(3)]
     small = _unique_cat(0)
     cases = {
-        "classify 49.9 MP": (lambda: _classify(client, big[0]), costs.image("classify"), {"image": big[0]}),
+        "classify 49.9 MP": (
+            lambda: _classify(client, big[0]),
+            lambda args: classify.estimate(ctx, args),
+            {"image": big[0]},
+        ),
         "explore 49.9 MP": (
             lambda: client.predict(handle_file(str(big[1])), x=3000, y=3000, api_name="/explore"),
-            costs.image("explore"),
+            lambda args: explore.estimate(ctx, args),
             {"image": big[1]},
         ),
         "compare 49.9 MP": (
             lambda: client.predict(handle_file(str(big[2])), api_name="/compare"),
-            costs.image("compare"),
+            lambda args: compare.estimate(ctx, args),
             {"image": big[2]},
         ),
         "batch of three": (
             lambda: client.predict([handle_file(str(archive))], api_name="/batch"),
-            costs.batch,
+            lambda args: batch.estimate(ctx, args),
             {"method": "Attention rollout"},
         ),
-        "classify 451x300": (lambda: _classify(client, small), costs.image("classify"), {"image": small}),
+        "classify 451x300": (
+            lambda: _classify(client, small),
+            lambda args: classify.estimate(ctx, args),
+            {"image": small},
+        ),
     }
     for name, (request, cost, arguments) in cases.items():
         estimate = cost({"model_choice": "bundled", **{k: str(v) for k, v in arguments.items()}})

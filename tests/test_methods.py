@@ -21,11 +21,11 @@ import vit_core
 from bench import explain_sanity
 from vit_core import explain, lrp, methods
 from vit_core.data import build_transform
-from webapp import analysis, comparison
+from webapp import analysis
 from webapp.models import Models
 from webapp.options import Options
 from webapp.settings import parse_settings
-from webapp.ui import batch, classify, compare
+from webapp.tabs import batch, classify, compare
 from webapp.ui.context import Context
 
 CPU = torch.device("cpu")
@@ -114,7 +114,7 @@ def test_the_compute_time_says_what_it_covered(ctx, photo):
 
 def test_compare_scores_every_method_then_the_baseline(ctx, photo):
     gallery, table, _ = compare.compare(ctx, photo, ctx.models.default, progress=lambda *a, **k: None)
-    assert [row[0] for row in table] == [*(m.title for m in methods.METHODS), comparison.CENTRE]
+    assert [row[0] for row in table] == [*(m.title for m in methods.METHODS), compare.CENTRE]
     assert len(gallery) == len(table)
 
 

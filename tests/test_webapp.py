@@ -23,11 +23,12 @@ import vit_core
 from vit_core import explain, methods
 from vit_core.calibration import Calibration, calibrated_views, predict
 from vit_core.data import ImageDataError, TooManyPixelsError, build_transform, load_image, read_header
-from webapp import analysis, batch, catalog, comparison, explorer, model_info, options, render, settings
+from webapp import analysis, archives, catalog, model_info, options, render, settings
 from webapp.admission import MB, Gate, rss
 from webapp.analysis import Analysis, AnalysisCache, analyse
 from webapp.catalog import BUNDLED, ROOT
 from webapp.settings import Settings, parse_settings
+from webapp.tabs import batch, compare, explore
 from webapp.ui import fresh, picker
 
 from .rss import peak_of
@@ -94,8 +95,8 @@ def test_rise_runs_within_the_budget_and_is_refused_over_it(tmp_path, monkeypatc
     assert not settings.affordable(methods.RISE, a.model, CPU)
     with pytest.raises(ValueError, match=f"RISE needs {explain.RISE_MASKS} forward passes .* choose AttnLRP"):
         analysis.relevance(a, Settings(method=methods.RISE, target=3), CPU)
-    scored = comparison.compare(a, Settings(), CPU, lambda f, desc: None)
-    assert [n for n, *_ in scored] == [*(m.title for m in methods.METHODS[1:]), comparison.CENTRE]  # RISE left out
+    scored = compare.score_methods(a, Settings(), CPU, lambda f, desc: None)
+    assert [n for n, *_ in scored] == [*(m.title for m in methods.METHODS[1:]), compare.CENTRE]  # RISE left out
 
 
 @pytest.mark.parametrize("kind", ["token", "hybrid"])
@@ -157,59 +158,59 @@ def test_points_map_to_the_patch_under_them_in_the_crop(tmp_path, kind):
     h, w = a.x.shape[-2:]
     stride = a.model.config.feature_stride
     assert (gh, gw) == (-(-h // stride), -(-w // stride))
-    corner = explorer.patch_at(a, left + 0.01, top + 0.01)
+    corner = explore.patch_at(a, left + 0.01, top + 0.01)
     assert (corner.row, corner.col, corner.token) == (0, 0, a.model.num_prefix_tokens)
-    far = explorer.patch_at(a, right - 0.01, bottom - 0.01)
+    far = explore.patch_at(a, right - 0.01, bottom - 0.01)
     assert (far.row, far.col) == (gh - 1, gw - 1)
     assert far.token == a.model.num_prefix_tokens + gh * gw - 1
     # the centre of cell (r, c) of the input maps back to (r, c)
     for r, c in [(0, gw - 1), (gh - 1, 0), (gh // 2, gw // 2)]:
         fx, fy = min((c + 0.5) * stride, w - 0.5) / w, min((r + 0.5) * stride, h - 0.5) / h
-        p = explorer.patch_at(a, left + fx * (right - left), top + fy * (bottom - top))
+        p = explore.patch_at(a, left + fx * (right - left), top + fy * (bottom - top))
         assert (p.row, p.col) == (r, c)
         l, t, rr, b = p.cell
         assert l <= fx <= rr and t <= fy <= b
-    assert explorer.patch_at(a, left - 1, top + 1) is None
-    assert explorer.patch_at(a, left + 1, bottom + 1) is None
+    assert explore.patch_at(a, left - 1, top + 1) is None
+    assert explore.patch_at(a, left + 1, bottom + 1) is None
 
 
 def test_view_pixels_map_to_upload_pixels(tmp_path):
     a = _analysis(tmp_path, "avg", size=(1600, 900))  # the view is shrunk to VIEW_SIDE
-    view = explorer.view(a)
-    assert max(view.size) == explorer.VIEW_SIDE
-    x, y = explorer.from_view(a, view.width / 2, view.height / 2)
+    view = explore.clickable(a)
+    assert max(view.size) == explore.VIEW_SIDE
+    x, y = explore.from_view(a, view.width / 2, view.height / 2)
     assert abs(x - 800) < 2 and abs(y - 450) < 2
 
 
 def test_patch_rows(tmp_path):
     a = _analysis(tmp_path, "token")
-    p = explorer.patch_at(a, 45, 30)
+    p = explore.patch_at(a, 45, 30)
     attn = a.attentions[1][0]
-    row = explorer.attention_row(a, p, layer=1, head=2)
+    row = explore.attention_row(a, p, layer=1, head=2)
     torch.testing.assert_close(row.flatten(), attn[2, p.token, 1:])
-    torch.testing.assert_close(explorer.attention_row(a, p, 1, None).flatten(), attn.mean(0)[p.token, 1:])
+    torch.testing.assert_close(explore.attention_row(a, p, 1, None).flatten(), attn.mean(0)[p.token, 1:])
     # The rollout row of the class token is the library's attention rollout (the read-out row).
-    cls = explorer.Patch(0, 0, p.grid, 0, (0, 0, 1, 1))
+    cls = explore.Patch(0, 0, p.grid, 0, (0, 0, 1, 1))
     for fusion, discard in [("mean", 0.0), ("min", 0.3)]:
         expected = explain.attention_rollout(a.model, a.x, head_fusion=fusion, discard_ratio=discard)[0]
-        torch.testing.assert_close(explorer.rollout_row(a, cls, fusion, discard), expected)
+        torch.testing.assert_close(explore.rollout_row(a, cls, fusion, discard), expected)
     # A patch's rollout row is its row of the full product (A_L + I)/n ... (A_1 + I)/n.
     R = torch.eye(attn.shape[-1])
     for layer_attn in a.attentions:
         m = layer_attn[0].mean(0) + torch.eye(attn.shape[-1])
         R = (m / m.sum(-1, keepdim=True)) @ R
     expected = R[p.token, 1:] / R[p.token, 1:].max()
-    torch.testing.assert_close(explorer.rollout_row(a, p, "mean", 0.0).flatten(), expected)
+    torch.testing.assert_close(explore.rollout_row(a, p, "mean", 0.0).flatten(), expected)
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_explore_draws_every_head(tmp_path, kind):
     a = _analysis(tmp_path, kind)
     s = parse_settings(a.model, layer=-1, head="0")
-    first, rollout, heads, text = explorer.explore(a, explorer.patch_at(a, 45, 30), s)
-    assert max(first.size) >= explorer.SIDE and first.size == rollout.size
+    first, rollout, heads, text = explore.patch_maps(a, explore.patch_at(a, 45, 30), s)
+    assert max(first.size) >= explore.SIDE and first.size == rollout.size
     per_row = min(a.model.config.num_heads, 4)
-    assert heads.width > per_row * explorer.TILE
+    assert heads.width > per_row * explore.TILE
     assert "token grid" in text and f"layer {a.model.config.depth - 1}" in text
 
 
@@ -247,12 +248,12 @@ def test_compare_scores_every_method_and_the_centre_baseline(tmp_path):
     analysis.relevance(a, Settings(method=methods.GRADIENT), CPU)  # drawn before, as the Classify tab does
     before = a.seconds[analysis.map_key(a, Settings(method=methods.GRADIENT))]
     seen = []
-    scored = comparison.compare(a, Settings(), CPU, lambda f, desc: seen.append((f, desc)))
-    assert [n for n, *_ in scored] == [*(m.title for m in methods.METHODS), comparison.CENTRE]
+    scored = compare.score_methods(a, Settings(), CPU, lambda f, desc: seen.append((f, desc)))
+    assert [n for n, *_ in scored] == [*(m.title for m in methods.METHODS), compare.CENTRE]
     for name, heat, deletion, insertion, ms in scored:
         assert heat.shape == (a.x.shape[-2:] if name == methods.RISE.title else a.grid)
         assert 0 <= deletion <= 1 and 0 <= insertion <= 1
-        assert (ms is None) is (name == comparison.CENTRE) and (ms is None or ms > 0)
+        assert (ms is None) is (name == compare.CENTRE) and (ms is None or ms > 0)
     assert dict((n, ms) for n, *_, ms in scored)[methods.GRADIENT.title] == 1000 * before  # its time then
     n = len(methods.METHODS) + 1
     assert [f for f, desc in seen if desc.startswith("Deleting")] == [i / n for i in range(n)]
@@ -321,8 +322,8 @@ def _png_bytes(colour="red") -> bytes:
     return buf.getvalue()
 
 
-def _read(paths: list) -> list[tuple[batch.Item, bytes | None]]:
-    return list(batch.read_uploads([str(p) for p in paths]))
+def _read(paths: list) -> list[tuple[archives.Item, bytes | None]]:
+    return list(archives.read_uploads([str(p) for p in paths]))
 
 
 def test_batch_reads_images_and_zips_safely(tmp_path):
@@ -346,7 +347,7 @@ def test_batch_reads_images_and_zips_safely(tmp_path):
     assert [data for _, data in read] == [_png_bytes(), _png_bytes("blue"), b"not really a jpeg", _png_bytes("green")]
     assert not (tmp_path.parent / "escape.png").exists()
     with pytest.raises(ValueError, match="Upload"):
-        batch.read_uploads([])
+        archives.read_uploads([])
 
     model = _model(label_names=("a", "b", "c", "d", "e"))
     tf = build_transform(model.pretrained_cfg)
@@ -383,14 +384,14 @@ def test_batch_results_are_the_classify_tabs(tmp_path, method):
 def test_batch_caps_images_and_bytes(tmp_path, monkeypatch):
     many = tmp_path / "many.zip"
     with zipfile.ZipFile(many, "w") as z:
-        for i in range(batch.MAX_IMAGES + 5):
+        for i in range(archives.MAX_IMAGES + 5):
             z.writestr(f"{i}.png", _png_bytes())
     read = _read([many])
-    assert sum(data is not None for _, data in read) == batch.MAX_IMAGES
+    assert sum(data is not None for _, data in read) == archives.MAX_IMAGES
     assert "at most" in read[-1][0].error
 
     # A bomb: 64 MB of zeros deflates to about 64 KB; the declared size is over the per-image limit.
-    monkeypatch.setattr(batch, "MAX_IMAGE_BYTES", 1 << 20)
+    monkeypatch.setattr(archives, "MAX_IMAGE_BYTES", 1 << 20)
     bomb = tmp_path / "bomb.zip"
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("zeros.png", bytes(64 << 20))
@@ -428,17 +429,19 @@ def test_a_zip_bomb_by_entry_count_is_refused_without_reading_its_directory(tmp_
         for i in range(3):
             z.writestr(f"{i}.png", _png_bytes())
     with zipfile.ZipFile(small) as z:
-        assert batch.zip_directory(small) == (3, sum(46 + len(i.filename) for i in z.infolist()))
+        assert archives.zip_directory(small) == (3, sum(46 + len(i.filename) for i in z.infolist()))
     many = tmp_path / "many.zip"
     with zipfile.ZipFile(many, "w") as z:
-        for i in range(batch.MAX_MEMBERS + 1):
+        for i in range(archives.MAX_MEMBERS + 1):
             z.writestr(f"{i}", b"")
     declared = tmp_path / "declared.zip"
     declared.write_bytes(_end_records(1_000_000, 88_000_000, 0))  # 76 bytes that declare a million entries
-    assert batch.zip_directory(many)[0] == batch.MAX_MEMBERS + 1 and batch.zip_directory(declared)[0] == 1_000_000
+    assert (
+        archives.zip_directory(many)[0] == archives.MAX_MEMBERS + 1 and archives.zip_directory(declared)[0] == 1_000_000
+    )
     not_a_zip = tmp_path / "not.zip"
     not_a_zip.write_bytes(b"PK\x03\x04 and nothing else")
-    assert batch.zip_directory(not_a_zip) is None
+    assert archives.zip_directory(not_a_zip) is None
 
     def unread(*args, **kwargs):
         raise AssertionError("the directory was read")
@@ -460,12 +463,13 @@ def test_a_batch_decodes_one_image_at_a_time_within_its_budgets(tmp_path, monkey
     with zipfile.ZipFile(archive, "w") as z:
         for i in range(8):
             z.writestr(f"{i}.png", buf.getvalue())
-    one = read_header(buf.getvalue()).decode_bytes(batch.THUMB, analysis.needed_side(tf))  # 20 MB
+    decoded = 4 * 2000 * 2000  # one image's pixels: 16 MB
+    one = read_header(buf.getvalue()).decode_bytes(analysis.MAX_SIDE, analysis.needed_side(tf))  # its budget
     rollout = Settings(method=methods.ROLLOUT)
     batch.classify_batch(model, tf, [str(archive)], rollout, CPU)  # warm up: first-use allocations
     (items, gallery), peak = peak_of(lambda: batch.classify_batch(model, tf, [str(archive)], rollout, CPU))
     assert len(gallery) == 8 and all(i.probs is not None for i in items)
-    assert peak < 3 * one, (peak >> 20, one >> 20)  # all eight held at once: 8 x 16 MB decoded, and more
+    assert peak < 4 * decoded, (peak >> 20, decoded >> 20)  # all eight held at once: 8 x 16 MB decoded, and more
 
     monkeypatch.setattr(batch, "MAX_DECODED_PIXELS", 3 * 2000 * 2000)
     items, gallery = batch.classify_batch(model, tf, [str(archive)], Settings(method=methods.ROLLOUT), CPU)

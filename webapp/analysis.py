@@ -14,6 +14,7 @@ are kept in the ``Analysis``, one per class.
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import threading
 import time
@@ -21,6 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
 
 import torch
 from PIL import Image
@@ -124,15 +127,65 @@ def read_upload_header(src: ImageSource) -> ImageHeader:
         ) from None
 
 
-def _digest(path: str) -> str | None:
+class Upload:
+    """An uploaded image file, read once: its SHA-256 (``ANALYSES``' key), its header (the memory gate's
+    estimate, the server's pixel limit) and its pixels all come from that one read, made when one of them is
+    first asked for. Made by the upload component (``webapp.ui.inputs.ImageUpload``) for each request, so the
+    gate's estimate and the handler share it; equal for the same file (the page compares what its results are
+    about, ``webapp.ui.fresh.subject_of``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Upload) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def __repr__(self) -> str:
+        return f"Upload({self.path!r})"
+
+    @cached_property
+    def data(self) -> bytes:
+        """The file's bytes (Gradio bounds an upload's size: ``--max-file-mb``)."""
+        try:
+            return Path(self.path).read_bytes()
+        except OSError as e:
+            raise ImageDataError(f"{self.path}: cannot read the file ({e.strerror})") from None
+
+    @cached_property
+    def digest(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @cached_property
+    def header(self) -> ImageHeader:
+        """``read_upload_header`` of the bytes read."""
+        return read_upload_header(self.file())
+
+    def file(self) -> io.BytesIO:
+        """The bytes read, as a file named like the upload (``load_image``'s messages name it)."""
+        buf = io.BytesIO(self.data)
+        buf.name = self.path
+        return buf
+
+
+def declared(image: Upload | str | None) -> tuple[ImageHeader | None, int]:
+    """What an upload declares, for a memory estimate before anything is decoded: its header (None when there
+    is none, or it is unreadable: the request then fails before decoding) and its size in bytes."""
+    if not image:
+        return None, 0
+    upload = upload_of(image)
     try:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-        return h.hexdigest()
-    except (OSError, TypeError):
-        return None  # load_image will say what is wrong with it
+        size = len(upload.data)
+        return upload.header, size
+    except ImageDataError:
+        return None, 0
+
+
+def upload_of(image: Upload | str) -> Upload:
+    """The ``Upload`` of an image handed to a handler: the component's, or a path (code calling a handler)."""
+    return image if isinstance(image, Upload) else Upload(image)
 
 
 def needed_side(transform: ImageTransform) -> int:
@@ -141,18 +194,25 @@ def needed_side(transform: ImageTransform) -> int:
     return math.ceil(max(transform.size) / transform.crop_pct)
 
 
+def decode(src: ImageSource, transform: ImageTransform) -> Image.Image:
+    """An upload's pixels as every tab decodes them, so that the same file gets the same numbers on each:
+    reduced to ``MAX_SIDE`` (and never below ``needed_side`` for the model), never held at full size where its
+    format allows (``load_image``). An image within ``MAX_SIDE`` is decoded whole, as ``load_image(path)``."""
+    return load_image(src, MAX_PIXELS, MAX_SIDE, needed_side(transform))
+
+
 def analyse(
-    model: VisionTransformer, transform: ImageTransform, model_key: str, path: str, device: torch.device
+    model: VisionTransformer, transform: ImageTransform, model_key: str, image: Upload | str, device: torch.device
 ) -> Analysis:
-    """The cached analysis of the image file at ``path`` by ``model``, computing it on a miss. The upload is
-    decoded reduced (``load_image`` with ``MAX_SIDE``, and ``needed_side`` for the model), never at full size
-    where its format allows; API coordinates stay in the upload's own pixels.
+    """The cached analysis of an uploaded image by ``model``, computing it on a miss: the upload read once
+    (``Upload``), decoded by ``decode``; API coordinates stay in the upload's own pixels.
 
     Raises ``vit_core.data.ImageDataError`` for files that are not safe, readable images."""
+    upload = upload_of(image)
 
     def compute() -> Analysis:
-        size = read_upload_header(path).size
-        img = load_image(path, MAX_PIXELS, MAX_SIDE, needed_side(transform))  # reduced: never held at full size
+        size = upload.header.size
+        img = decode(upload.file(), transform)
         if (img.width < img.height) != (size[0] < size[1]):  # a PNG whose EXIF rotation came after its pixels
             size = size[::-1]
         x = transform(img).unsqueeze(0)
@@ -171,10 +231,7 @@ def analyse(
             is_ood=None if p.is_ood is None else bool(p.is_ood[0]),
         )
 
-    digest = _digest(path)
-    if digest is None:
-        return compute()
-    return ANALYSES.get_or_compute((model_key, digest), compute)
+    return ANALYSES.get_or_compute((model_key, upload.digest), compute)
 
 
 # -------------------------------------------------------------------------------------------- maps

@@ -1,4 +1,5 @@
-"""The app's command-line options about models: the startup model, what web users may choose, the memory limits.
+"""The app's command-line options about models: the startup model, what web users may choose, the memory limits,
+the map shown first (``--default-method``, or ``VIT_DEFAULT_METHOD`` where a Space sets it).
 
 ``add_arguments`` adds them to the app's parser; ``configure`` turns the parsed values into ``Options``, which
 ``webapp.models.Models`` follows, and sets up the server's log.
@@ -14,11 +15,15 @@ from pathlib import Path
 
 import yaml
 
+from vit_core import methods
+
 from .errors import log
+from .settings import DEFAULT_METHOD
 
 AUTO_MODEL = "auto"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 ALL_INTERFACES = "0.0.0.0"
+DEFAULT_METHOD_VARIABLE = "VIT_DEFAULT_METHOD"  # a Space's setting: the --default-method of a server without flags
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,13 @@ class Options:
     max_model_mb: int = 2000  # ViT-L/16 needs ~1650 (weights + one explanation's activations)
     failed_ttl: float = 600.0
     request_wait: float = 1.0  # seconds a request waits for a load before answering "still loading"
+    default_method: methods.Method = DEFAULT_METHOD  # the map shown before a visitor picks one
+
+
+def default_method_keys() -> list[str]:
+    """The methods a deployer may make the default: those this server runs for every model (no forward passes
+    beyond the prediction's: ``settings.affordable`` always holds), by key."""
+    return [m.key for m in methods.METHODS if m.cost.forward == 0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest model attempted: MB of weights plus one explanation's activations",
     )
     g.add_argument("--failed-load-ttl", type=float, default=d.failed_ttl, help="seconds a failed load is remembered")
+    g.add_argument(
+        "--default-method",
+        default=os.environ.get(DEFAULT_METHOD_VARIABLE) or DEFAULT_METHOD.key,
+        help=f"the map shown first, one of {', '.join(default_method_keys())} (default: ${DEFAULT_METHOD_VARIABLE}, "
+        f"else {DEFAULT_METHOD.key}); LRP-based maps (attnlrp, chefer) are a patented technology, free for personal "
+        "and scientific use only (the lxt authors)",
+    )
 
 
 def is_public(args: argparse.Namespace) -> bool:
@@ -115,4 +134,9 @@ def configure(args: argparse.Namespace) -> Options:
     limits = {"max_loaded": args.max_loaded, "max_loaded_mb": args.max_loaded_mb, "max_model_mb": args.max_model_mb}
     if min(limits.values()) < 1:
         raise SystemExit(f"--max-loaded, --max-loaded-mb and --max-model-mb must be >= 1, got {limits}")
-    return Options(public, allow_any, models, failed_ttl=args.failed_load_ttl, **limits)
+    if args.default_method not in default_method_keys():
+        raise SystemExit(
+            f"--default-method: choose one of {', '.join(default_method_keys())}, got {args.default_method!r}"
+        )
+    method = next(m for m in methods.METHODS if m.key == args.default_method)
+    return Options(public, allow_any, models, failed_ttl=args.failed_load_ttl, default_method=method, **limits)

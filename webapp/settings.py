@@ -4,7 +4,8 @@ Requests are untrusted: ``parse_settings`` turns a request's raw values into ``S
 that names the bad value and the valid range. The methods are ``vit_core.methods``'s table; this server runs
 a method that needs no forward pass beyond the prediction's (the attention maps; a backward pass) for every
 model it loads, and one of many forward passes (RISE) when they fit ``MAP_BUDGET`` (``affordable``); the
-default method, ``DEFAULT_METHOD``, is one it always runs.
+default method, ``DEFAULT_METHOD`` unless the server was started with another (``--default-method``), is one it
+always runs. The methods built on LRP carry the notice of its authors (``LRP_NOTICE``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vit_core import VisionTransformer, ViTConfig, explain, methods
+from vit_core import VisionTransformer, ViTConfig, explain, lrp, methods
 from vit_core.methods import Method
 
 from .errors import quote
@@ -28,6 +29,20 @@ MAP_BUDGET = {"cpu": 3e11, "cuda": 2e14}
 # all three ways of removing pixels; on the previous bundle it was within 2.1 standard errors of RISE on each.
 DEFAULT_METHOD = methods.ATTNLRP
 PREDICTED = "(predicted class)"
+
+
+def lrp_based() -> list[Method]:
+    """The methods of the table built on layer-wise relevance propagation (``vit_core.lrp``'s functions)."""
+    return [m for m in methods.METHODS if m.fn.__module__ == lrp.__name__]
+
+
+def lrp_notice() -> str:
+    """What the LRP authors say of its use (the lxt package's README), shown where LRP-based maps are offered."""
+    names = " and ".join(m.name for m in lrp_based())
+    return (
+        f"{names} are based on layer-wise relevance propagation (LRP). LRP's authors (the lxt package) state that "
+        "LRP is a patented technology that may be used free of charge for personal and scientific purposes only."
+    )
 
 
 def affordable(method: Method, model: VisionTransformer | ViTConfig, device: torch.device) -> bool:

@@ -1,6 +1,7 @@
-"""The app's page, one module per tab: each builds its part of the page (``build``) and holds the handlers its
-events call, which take the ``Context`` (the app's models) first. ``app.py`` lays the tabs out and launches.
+"""What every tab of the page shares (the tabs themselves are ``webapp.tabs``):
 
-- ``picker``: the model picker above the tabs, and fitting every tab's controls to the loaded model;
-- ``classify``, ``explore``, ``compare``, ``batch``, ``inspect``: the tabs, in the page's order.
+- ``context``: ``Context``, what every handler takes first, and how a handler is put behind the memory gate;
+- ``fresh``: results that belong to what is on screen (the page's request tickets);
+- ``inputs``: input components changed where Gradio's do not fit (the upload, read once, and checked values);
+- ``picker``: the model picker above the tabs, fitting every tab's controls to the loaded model, and ``Page``.
 """

@@ -15,8 +15,11 @@ outputs are left alone), when its request starts and again when it ends, if
 
 A change of subject clears the tab's results at once (``on_change``: outside the queue, a few milliseconds),
 then recomputes them where that is cheap (Classify, the Explore picture) in an event chained after the clear
-(``then``). A request sent for the new subject just before the page saw the change (a click right after an
-upload) still counts. Errors replace the results they concern, in place (``answer``), instead of a toast over
+(``then``), once per subject: the browser can report one choice twice (a file input set while it holds a file
+fires two ``change`` events with the new file), and the repeat (``Tickets.change`` says so) neither clears the
+results nor sends the recomputation (``REPEATED``: a silent error, which stops the chain). A request sent for
+the new subject just before the page saw the change (a click right after an upload) still
+counts. Errors replace the results they concern, in place (``answer``), instead of a toast over
 the old ones.
 """
 
@@ -36,6 +39,8 @@ TICKET_JS = """(...args) => {
   args[args.length - 1] = window.vitTickets;
   return args;
 }"""
+# What a repeated change of subject answers: an error the page does not show, which stops the chained event.
+REPEATED = gr.Error("the same image, files and model as before", visible=False, print_exception=False)
 MAX_PAGES = 4096  # (page, group) pairs remembered; the least recently used are forgotten first
 NEVER = float("-inf")
 
@@ -88,14 +93,18 @@ class Tickets:
             n = self._newest.get((page, group))
             return n is None or not self._stale(n, ticket, subject)
 
-    def change(self, page: str | None, group: str, ticket: float | None, subject: Hashable) -> None:
-        """Record that ``page`` chose ``subject`` (an image, files, a model) for ``group`` with ``ticket``."""
+    def change(self, page: str | None, group: str, ticket: float | None, subject: Hashable) -> bool:
+        """Record that ``page`` chose ``subject`` (an image, files, a model) for ``group`` with ``ticket``; False
+        when the page's newest choice was that subject already (a repeated event: nothing changed)."""
         if page is None or ticket is None:
-            return
+            return True
         with self._lock:
             n = self._entry(page, group)
-            if ticket > n.change:
-                n.change, n.subject = ticket, subject
+            if ticket <= n.change:
+                return True  # an older change, overtaken: its own answer is dropped as stale
+            new = n.change == NEVER or subject != n.subject
+            n.change, n.subject = ticket, subject
+            return new
 
 
 TICKETS = Tickets()
@@ -168,12 +177,14 @@ def on_change(
 ) -> gr.events.Dependency:
     """Clear ``outputs`` the moment the subject (``subject``'s components: the image or files, and the model)
     changes, outside the queue (``blank(*values)``: what they show meanwhile), and drop the answers about the
-    previous subject still running in ``groups``; chain the recomputation after the returned event (``then``)."""
+    previous subject still running in ``groups``; chain the recomputation after the returned event (``then``),
+    which runs only when the clear succeeded: a repeated event for the same subject leaves them alone and sends
+    no recomputation (``REPEATED``)."""
 
     def cleared(what: object, model: str, ticket: float | None, request: gr.Request) -> tuple:
         page = getattr(request, "session_hash", None)
-        for group in groups:
-            TICKETS.change(page, group, ticket, subject_of(what, model))
+        if not any([TICKETS.change(page, group, ticket, subject_of(what, model)) for group in groups]):
+            raise REPEATED  # a silent error: the recomputation chained after it (``then``) is not sent
         return tuple(blank(what))
 
     what, model = subject
@@ -191,9 +202,10 @@ def on_change(
 
 
 def then(event: gr.events.Dependency, fn: Callable, inputs: Sequence, outputs: Sequence, **kwargs):
-    """``fn`` after ``event`` (a clear), with a newer ticket than the clear's; every time (Gradio's default
-    for a chained event, "once", would skip it while the previous input's answer is still computing)."""
-    return event.then(
+    """``fn`` after ``event`` (a clear) when it succeeded (a repeated change of subject does not), with a newer
+    ticket than the clear's; every time (Gradio's default for a chained event, "once", would skip it while the
+    previous input's answer is still computing)."""
+    return event.success(
         fn,
         [*inputs, ticket_input()],
         list(outputs),

@@ -1,6 +1,7 @@
 """Input components changed where Gradio's own do not fit.
 
-- Uploads reach our checks undecoded (``ImageUpload``), and the API page shows the project's example photos as
+- Uploads reach our checks undecoded, as an ``analysis.Upload`` that reads the file once for the memory gate's
+  estimate and the handler (``ImageUpload``), and the API page shows the project's example photos as
   sample inputs instead of an image on the internet (``ImageUpload``, ``Uploads``).
 - Gradio checks a Dropdown's or Radio's value against its choices before a handler runs and, when it is not
   one, answers with the whole value in the message and prints a traceback: a 50 MB value sent to ``/classify``
@@ -17,6 +18,7 @@ import gradio as gr
 from gradio import image_utils
 from gradio.data_classes import FileData
 
+from ..analysis import Upload
 from ..catalog import ROOT
 from ..errors import log, quote
 from .context import EXAMPLES
@@ -39,17 +41,17 @@ def _file(path: str) -> dict:
 
 
 class ImageUpload(gr.Image):
-    """``gr.Image`` that hands the uploaded file to ``vit_core.data.load_image`` undecoded, so corrupt files,
-    bombs and odd modes get our checks and messages instead of failing inside Gradio."""
+    """``gr.Image`` that hands the uploaded file on undecoded, as an ``Upload`` (read once, when first asked
+    for), so corrupt files, bombs and odd modes get our checks and messages instead of failing inside Gradio."""
 
     is_template = True
 
-    def preprocess(self, payload: FileData | None) -> str | None:
+    def preprocess(self, payload: FileData | None) -> Upload | None:
         if payload is None:
             return None
         if payload.url and payload.url.startswith("data:"):  # pasted / webcam images arrive inline
-            return image_utils.decode_base64_to_file(payload.url, self.GRADIO_CACHE, "png")
-        return payload.path
+            return Upload(image_utils.decode_base64_to_file(payload.url, self.GRADIO_CACHE, "png"))
+        return Upload(payload.path)
 
     def example_payload(self) -> dict:
         return _file(EXAMPLES[0])

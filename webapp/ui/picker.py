@@ -1,11 +1,13 @@
 """The model picker above the tabs: the choice, a status line, the model's facts, and fitting every tab's
-controls (classes, layers, heads, the default method) to the model that loads."""
+controls (classes, layers, heads, the default method) to the model that loads; ``Page``, what a tab's ``build``
+gets: the picker and the tabs built before it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
 
 import gradio as gr
 import torch
@@ -14,10 +16,12 @@ from vit_core import VisionTransformer
 
 from .. import model_info
 from ..errors import sentence
+from ..estimates import request_only
 from .context import Context
 from .inputs import CheckedDropdown
 
 
+@runtime_checkable
 class Fitted(Protocol):
     """A tab whose controls follow the loaded model: ``fit`` gives their updates, in ``fitted``'s order."""
 
@@ -35,6 +39,23 @@ class Picker:
     active: gr.State  # the model in use: a failed load goes back to it
     facts: gr.Markdown  # its classes and input
     model: VisionTransformer  # the startup model, which the tabs' controls start from
+
+
+@dataclass
+class Page:
+    """What a tab's ``build`` gets: the picker, and what each tab built before it returned (``tab``), for a tab
+    that shares another's controls (Explore, Compare and Batch use the Classify tab's image and settings)."""
+
+    picker: Picker
+    built: dict[ModuleType, Any] = field(default_factory=dict)
+
+    def tab(self, module: ModuleType) -> Any:
+        """What the tab of ``module`` built (its ``build``'s return value); that tab comes earlier on the page."""
+        return self.built[module]
+
+    def fitted(self) -> list[Fitted]:
+        """The tabs whose controls follow the loaded model."""
+        return [t for t in self.built.values() if isinstance(t, Fitted)]
 
 
 def label(allow_any: bool) -> str:
@@ -89,6 +110,6 @@ def connect(ctx: Context, picker: Picker, demo: gr.Blocks, tabs: Sequence[Fitted
 
     outputs = [picker.status, picker.facts, *fitted, picker.active]
     # Gated, but outside the compute group: a slow download holds no compute slot (``Context.admitted``).
-    change = ctx.admitted(on_change, "load")
+    change = ctx.admitted(on_change, request_only, gpu=False)
     picker.choice.change(change, [picker.choice, picker.active], [*outputs, picker.choice], api_visibility="private")
-    demo.load(ctx.admitted(updates, "load"), picker.choice, outputs, api_visibility="private")
+    demo.load(ctx.admitted(updates, request_only, gpu=False), picker.choice, outputs, api_visibility="private")

@@ -2,7 +2,8 @@
 
 It classifies as soon as an image is chosen (uploaded, pasted, captured or an example clicked) and again when
 the model changes; every setting re-renders from the cached forward pass. The page's events show ``show``'s
-answer to the newest request (``fresh``); ``/classify`` is the API, which raises its errors."""
+answer to the newest request (``fresh``); ``/classify`` is the API, which raises its errors. ``estimate``: a
+request's memory (the upload's decode, the analysis, the map, the overlay)."""
 
 from __future__ import annotations
 
@@ -17,18 +18,21 @@ from PIL import Image
 
 from vit_core import VisionTransformer, methods
 
-from .. import model_info, render
+from .. import estimates, model_info, render
 from ..admission import COMPUTE
-from ..analysis import Analysis, explained_class, map_key, relevance
+from ..analysis import Analysis, Upload, declared, explained_class, map_key, relevance
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
-from ..settings import DEFAULT_METHOD, PREDICTED, Settings, check_top_k, head_name, layer_name, parse_settings
-from . import fresh
-from .context import EXAMPLES, Context
-from .inputs import CheckedDropdown, CheckedRadio, ImageUpload
-from .picker import Picker
+from ..settings import PREDICTED, Settings, check_top_k, head_name, layer_name, lrp_based, lrp_notice, parse_settings
+from ..ui import fresh
+from ..ui.context import EXAMPLES, Context
+from ..ui.inputs import CheckedDropdown, CheckedRadio, ImageUpload
+from ..ui.picker import Page
+
+TITLE = "Classify"
 
 MAX_TOP_K = 10
+DRAW_BYTES = 36  # the overlay at the reduced image's size and its encoding, a pixel of it (measured 23)
 GROUP = "classify"
 LAYER = "Layer (raw attention)"
 # On a phone the results sit a screen below the image: bring them into view when an image is chosen.
@@ -52,10 +56,21 @@ def explains(a: Analysis, s: Settings) -> str:
     return f"Map explains: {names[target]} ({why})"
 
 
+def estimate(ctx: Context, arguments: dict) -> int:
+    """A request's memory: the upload decoded, then the analysis and the map asked for (on a CPU) beside the
+    overlay (``webapp.estimates``)."""
+    model, transform = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
+    work = 0
+    if model is not None and ctx.device.type == "cpu":
+        method = estimates.method_of(arguments.get("method")) or ctx.default_method
+        work = estimates.analysis_bytes(model.config) + estimates.map_bytes(model.config, method)
+    return estimates.image_request(declared(arguments.get("image")), transform, DRAW_BYTES, work)
+
+
 @user_errors
 def classify(
     ctx: Context,
-    image: str | None,
+    image: Upload | str | None,
     model_choice: str = BUNDLED_LABEL,
     method: str | None = None,
     target: str = PREDICTED,
@@ -71,10 +86,9 @@ def classify(
     the compute time in ms (decode, model and map; a cached forward pass is reused when only the settings
     change); the prediction in words ("Not sure — maybe ..." below 50%; "This doesn't look like any of the N
     classes I know" when the model's detector says so); the class the map explains; and that "none of my
-    classes" check in numbers (``ood_check``).
-    ``method`` None: the default (``DEFAULT_METHOD``, AttnLRP).
-    ``layer`` and ``head`` (raw attention) are numbered from 0; a negative layer counts from the end (-1: the
-    last)."""
+    classes" check in numbers: the decision, the score and the threshold it was compared with.
+    A method of None is the server's default map (AttnLRP unless the server chose another).
+    Layer and head (raw attention) are numbered from 0; a negative layer counts from the end (-1: the last)."""
     settings = (method, target, layer, head, head_fusion, discard_ratio, opacity, top_k)
     return answer(ctx, image, model_choice, settings, progress)[:6]
 
@@ -83,7 +97,7 @@ NEW, MAP_ONLY, CACHED = "new", "map only", "cached"  # what a compute time cover
 
 
 def answer(
-    ctx: Context, image: str | None, model_choice: str, settings: tuple, progress: Callable[..., object]
+    ctx: Context, image: Upload | str | None, model_choice: str, settings: tuple, progress: Callable[..., object]
 ) -> tuple[dict[str, float], Image.Image, float, str, str, dict, str]:
     """``classify``'s answer for its ``settings`` (method to top_k, in its order), and what the compute time
     covered: ``NEW`` (the image decoded and run through the model, then the map), ``MAP_ONLY`` (the image's
@@ -92,7 +106,7 @@ def answer(
     method, target, layer, head, head_fusion, discard_ratio, opacity, top_k = settings
     t0 = time.perf_counter()
     a = ctx.analysis(image, model_choice)
-    method = method or DEFAULT_METHOD.title
+    method = method or ctx.default_method.title
     s = parse_settings(a.model, method, target, layer, head, head_fusion, discard_ratio, opacity)
     k = check_top_k(top_k, len(a.names))
     map_cached = s.method.from_attentions is None and map_key(a, s) in a.maps
@@ -134,7 +148,7 @@ BLANK = (None, None, "", "", "")  # labels, overlay, compute time, verdict (show
 
 def show(
     ctx: Context,
-    image: str | None,
+    image: Upload | None,
     model_choice: str,
     method: str,
     target: str,
@@ -164,7 +178,7 @@ def show(
         return *BLANK[:3], headline(fresh.problem(message), large=False), ""
 
     subject = fresh.subject_of(image, model_choice)
-    held = ctx.held("classify", image=image, model_choice=model_choice, method=method)
+    held = ctx.held(estimate, image=image, model_choice=model_choice, method=method)
     return fresh.answer(request, GROUP, ticket, subject, len(BLANK), compute, failed, held)
 
 
@@ -173,7 +187,7 @@ def headline(text: str, large: bool = True) -> dict:
     return gr.update(value=text, elem_classes=["verdict"] if large else ["verdict", "quiet"])
 
 
-def blank(image: str | None) -> tuple:
+def blank(image: Upload | None) -> tuple:
     """The results while a new image or model is being classified."""
     return (*BLANK[:3], headline("*Classifying…*", large=False), "") if image is not None else BLANK
 
@@ -216,6 +230,7 @@ class ClassifyTab:
     opacity: gr.Slider
     top_k: gr.Slider
     api_layer: gr.Number  # the API's layer: any block, negative from the end as in ``vit_core`` (the slider: 0..)
+    default_method: str  # the map a new model starts on
 
     @property
     def fitted(self) -> list[gr.components.Component]:
@@ -226,20 +241,28 @@ class ClassifyTab:
             gr.Dropdown(choices=[PREDICTED, *model.class_names], value=PREDICTED),
             gr.Slider(**layer_range(model, LAYER)),
             gr.Dropdown(choices=head_choices(model), value="mean"),
-            gr.Radio(value=DEFAULT_METHOD.title),
+            gr.Radio(value=self.default_method),
         ]
 
 
-def build(ctx: Context, picker: Picker) -> ClassifyTab:
-    """The tab's two columns (inside the page's row): the image and the settings; the results."""
-    model = picker.model
+def build(ctx: Context, page: Page) -> ClassifyTab:
+    """The tab's two columns: the image and the settings; the results."""
+    with gr.Row():
+        return _build(ctx, page)
+
+
+def _build(ctx: Context, page: Page) -> ClassifyTab:
+    picker = page.picker
+    model, default = picker.model, ctx.default_method.title
     per_class = ", ".join(_in_sentence(m.name) for m in methods.METHODS if m.per_class)
     with gr.Column():
         image = ImageUpload(
             sources=["upload", "clipboard", "webcam"], type="filepath", label="Image", height=300, elem_id="image"
         )
         button = gr.Button("Classify", variant="primary", elem_id="classify")
-        method = CheckedRadio([m.title for m in methods.METHODS], value=DEFAULT_METHOD.title, label="Explanation")
+        method = CheckedRadio([m.title for m in methods.METHODS], value=default, label="Explanation")
+        if lrp_based():
+            gr.Markdown(lrp_notice(), elem_classes="notice", elem_id="lrp-notice")
         with gr.Accordion("Explanation settings", open=False):
             # choices follow the loaded model; other values are checked server-side
             target = CheckedDropdown(
@@ -325,10 +348,10 @@ def build(ctx: Context, picker: Picker) -> ClassifyTab:
     api_settings = [method, target, api_layer, head, head_fusion, discard, opacity, top_k]
     gr.on(
         [],
-        ctx.handler(classify, "classify"),
+        ctx.handler(classify, estimate),
         [image, picker.choice, *api_settings],
         [labels, overlay, compute_ms, verdict, explained, ood],
         api_name="classify",
         concurrency_id=COMPUTE,
     )
-    return ClassifyTab(image, method, target, layer, head, head_fusion, discard, opacity, top_k, api_layer)
+    return ClassifyTab(image, method, target, layer, head, head_fusion, discard, opacity, top_k, api_layer, default)

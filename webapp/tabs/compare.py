@@ -1,30 +1,88 @@
-"""The Compare tab: every method's map for the same image and class, each with its deletion and insertion AUC
-on that image, beside the centre-Gaussian baseline (``webapp.comparison``); ``/compare``. A new image or model
-clears the comparison (``fresh``); the button computes it for what is on screen."""
+"""The Compare tab: every method's map for the same image and class, each scored by how faithful it is on that
+image, beside the centre-Gaussian baseline; ``/compare``. A new image or model clears the comparison
+(``fresh``); the button computes it for what is on screen.
+
+Deletion (pixels removed most relevant first; lower is better) and insertion (revealed most relevant first;
+higher is better), ``vit_core.faithfulness.deletion_insertion_auc``, beside a map that ignores the image, the
+centre Gaussian: a method that does no better than it says little about this image (``score_methods``).
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
 import gradio as gr
+import torch
 from PIL import Image
 
-from .. import explorer, render
+from vit_core import explain, methods
+from vit_core.faithfulness import deletion_insertion_auc
+
+from .. import estimates, render
 from ..admission import COMPUTE
-from ..analysis import explained_class
+from ..analysis import Analysis, Upload, autocast, declared, explained_class, map_key, relevance
 from ..catalog import BUNDLED_LABEL
-from ..comparison import compare as score_methods
 from ..errors import user_errors
 from ..model_info import format_ms
-from ..settings import PREDICTED, head_name, layer_name, parse_settings
-from . import fresh
-from .classify import ClassifyTab
-from .context import Context
-from .picker import Picker
+from ..settings import PREDICTED, Settings, affordable, head_name, layer_name, lrp_based, lrp_notice, parse_settings
+from ..ui import fresh
+from ..ui.context import Context
+from ..ui.picker import Page
+from . import classify, explore
+
+TITLE = "Compare"
+COMPARE_STEPS = 16  # deletion/insertion curve points: 2 x 17 forward passes per map, batched
+CENTRE = "Centre Gaussian (baseline: ignores the image)"
+DRAW_BYTES = 24  # 320-pixel crops of every map, a pixel of the reduced image (measured 19)
+
+
+def score_methods(
+    a: Analysis, s: Settings, device: torch.device, progress: Callable[[float, str], None]
+) -> list[tuple[str, torch.Tensor, float, float, float | None]]:
+    """(title, map, deletion AUC, insertion AUC, milliseconds the map took) of each method of the table for the
+    explained class, in the table's order, then of the centre Gaussian (no time: it ignores the image); methods
+    not ``affordable`` here (RISE over the budget) are left out. A map that runs the model and was computed for
+    this image before (by the Classify tab) keeps the time it took then; one drawn from the prediction's
+    attentions is timed drawing it."""
+    maps, ms = {}, {}
+    for m in (m for m in methods.METHODS if affordable(m, a.model, device)):
+        chosen, t0 = replace(s, method=m), time.perf_counter()
+        maps[m.title] = relevance(a, chosen, device, progress)
+        drawn = m.from_attentions is not None
+        ms[m.title] = 1000 * (time.perf_counter() - t0 if drawn else a.seconds[map_key(a, chosen)])
+    maps[CENTRE] = explain.centre_gaussian_map(a.model, a.x)[0]
+    target = explained_class(a, s)
+    x = a.x.to(device)
+    scored = []
+    for i, (name, heat) in enumerate(maps.items()):
+        progress(i / len(maps), f"Deleting and inserting pixels in the order of: {name}")
+        with autocast(device):
+            auc = deletion_insertion_auc(
+                a.model, x, lambda m, imgs, h=heat: h[None].to(imgs.device), target=target, steps=COMPARE_STEPS
+            )
+        scored.append((name, heat, float(auc["deletion"][0]), float(auc["insertion"][0]), ms.get(name)))
+    return scored
+
+
+def estimate(ctx: Context, arguments: dict) -> int:
+    """The upload decoded, then on a CPU the analysis, every map this server draws for the model, and the
+    deletion and insertion curves, ``COMPARE_STEPS + 1`` images each."""
+    model, transform = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
+    work = 0
+    if model is not None and ctx.device.type == "cpu":
+        cfg = model.config
+        curves = estimates.forward_bytes(cfg, COMPARE_STEPS + 1, attention=False)
+        runs = [m for m in methods.METHODS if affordable(m, cfg, ctx.device)]
+        work = estimates.analysis_bytes(cfg) + sum(estimates.map_bytes(cfg, m) for m in runs) + curves
+    return estimates.image_request(declared(arguments.get("image")), transform, DRAW_BYTES, work)
 
 
 @user_errors
 def compare(
     ctx: Context,
-    image: str | None,
+    image: Upload | str | None,
     model_choice: str = BUNDLED_LABEL,
     target: str = PREDICTED,
     layer: int = -1,
@@ -36,7 +94,7 @@ def compare(
 ) -> tuple[list[tuple[Image.Image, str]], list[list], str]:
     """Every method's map (RISE where it fits the server's budget) and a centre-Gaussian baseline for the same
     image and class, each with its deletion AUC (lower is better) and insertion AUC (higher is better), and on
-    its picture and caption the time the map took on this image (``comparison.compare``)."""
+    its picture and caption the time the map took on this image."""
     a = ctx.analysis(image, model_choice)
     s = parse_settings(a.model, None, target, layer, head, head_fusion, discard_ratio, opacity)
     scored = score_methods(a, s, ctx.device, lambda f, desc: progress(f, desc=desc))
@@ -45,7 +103,7 @@ def compare(
         scores = f"deletion {deletion:.3f}, insertion {insertion:.3f}"
         took = "" if ms is None else format_ms(ms)
         img = render.titled(
-            render.map_on_crop(a.shown, a.box, heat, s.opacity, explorer.SIDE, "relevance"),
+            render.map_on_crop(a.shown, a.box, heat, s.opacity, explore.SIDE, "relevance"),
             [name.split(" (")[0] + (f", {took}" if took else ""), scores],
         )
         gallery.append((render.unique(img, name), f"{name}: {scores}" + (f"; {took}" if took else "")))
@@ -61,7 +119,7 @@ BLANK = ([], None, "")  # gallery, table, what is compared
 
 def show(
     ctx: Context,
-    image: str | None,
+    image: Upload | None,
     model_choice: str,
     target: str,
     layer: int,
@@ -83,13 +141,14 @@ def show(
         len(BLANK),
         lambda: compare(ctx, image, model_choice, *settings, progress=progress),
         lambda e: (*BLANK[:2], fresh.problem(e)),
-        ctx.held("compare", image=image, model_choice=model_choice),
+        ctx.held(estimate, image=image, model_choice=model_choice),
     )
 
 
-def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
+def build(ctx: Context, page: Page) -> None:
     """The button, the scores table and the maps. The image, class, layer, head and opacity are the Classify
     tab's."""
+    picker, c = page.picker, page.tab(classify)
     gr.Markdown(
         "Every map for the same image and class, each scored on this image: **deletion AUC** (pixels "
         "removed most relevant first; lower is better) and **insertion AUC** (revealed most relevant "
@@ -97,6 +156,8 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
         "the image: a map that does no better says little about this image. Uses the class, layer and head "
         "of the Classify tab's settings."
     )
+    if lrp_based():
+        gr.Markdown(lrp_notice(), elem_classes="notice")
     button = gr.Button("Compare methods", variant="primary")
     text = gr.Textbox(label="What is compared", interactive=False, elem_id="compare-text")
     table = gr.Dataframe(
@@ -114,7 +175,6 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
         elem_id="compare-gallery",
         elem_classes=["tiles", "phone-2-columns"],
     )
-    c = classify
     fresh.listen(
         [button.click],
         ctx.handler(show, None),
@@ -132,7 +192,7 @@ def build(ctx: Context, picker: Picker, classify: ClassifyTab) -> None:
     )
     gr.on(
         [],
-        ctx.handler(compare, "compare"),
+        ctx.handler(compare, estimate),
         [c.image, picker.choice, c.target, c.api_layer, c.head, c.head_fusion, c.discard, c.opacity],
         [gallery, table, text],
         api_name="compare",

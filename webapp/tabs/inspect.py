@@ -10,13 +10,24 @@ from PIL import Image
 
 from vit_core.data import load_image
 
-from .. import model_info
-from ..admission import COMPUTE
+from .. import estimates, model_info
+from ..admission import COMPUTE, MB
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
-from . import fresh
-from .context import EXAMPLES, Context
-from .picker import Picker
+from ..ui import fresh
+from ..ui.context import EXAMPLES, Context
+from ..ui.picker import Page
+
+TITLE = "Inspect"
+FIGURE_BYTES = 64 * MB  # the tab's matplotlib figures
+
+
+def estimate(ctx: Context, arguments: dict) -> int:
+    """The figures, and on a CPU a forward pass of the example photos."""
+    model, _ = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
+    cpu = model is not None and ctx.device.type == "cpu"
+    work = estimates.forward_bytes(model.config, len(EXAMPLES)) + FIGURE_BYTES if cpu else 0
+    return estimates.REQUEST_BYTES + work
 
 
 @user_errors
@@ -40,12 +51,13 @@ def show(ctx: Context, model_choice: str, ticket: float | None, request: gr.Requ
     def failed(message: str) -> tuple:
         return *BLANK[:3], fresh.problem(message)
 
-    held = ctx.held("inspect", model_choice=model_choice)
+    held = ctx.held(estimate, model_choice=model_choice)
     return fresh.answer(request, GROUP, ticket, subject, len(BLANK), lambda: inspect(ctx, model_choice), failed, held)
 
 
-def build(ctx: Context, picker: Picker) -> None:
+def build(ctx: Context, page: Page) -> None:
     """The button, the three figures and the summary."""
+    picker = page.picker
     gr.Markdown("The paper's figure 7 for this model, and what it is.")
     button = gr.Button("Analyse model")
     with gr.Row():
@@ -68,4 +80,4 @@ def build(ctx: Context, picker: Picker) -> None:
         api_name="inspect_page",
     )
     fresh.on_change([picker.active.change], [GROUP], [picker.active, picker.active], lambda _: BLANK, outputs)
-    gr.on([], ctx.handler(inspect, "inspect"), [picker.choice], outputs, api_name="inspect", concurrency_id=COMPUTE)
+    gr.on([], ctx.handler(inspect, estimate), [picker.choice], outputs, api_name="inspect", concurrency_id=COMPUTE)

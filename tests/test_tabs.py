@@ -1,0 +1,241 @@
+"""The app's tabs as modules (``webapp.tabs``): a tab added as one module and one entry of ``app.TABS`` is built,
+gated with its own estimate and served; every tab decodes an upload the same way (a large photo gets the same
+numbers from Classify, Batch, the API and ``vit_core.calibration.predict``); one Classify request reads its
+upload once and passes through at most 8 of the app's modules; a repeated change of image sends no second
+request; ``--default-method``, the LRP notice, and the API page's plain-text descriptions."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+import types
+from pathlib import Path
+
+import gradio as gr
+import pytest
+import torch
+from gradio.data_classes import FileData
+from gradio_client import Client, handle_file
+from PIL import Image
+
+import app
+from vit_core import methods
+from vit_core.calibration import predict
+from vit_core.data import load_image
+from webapp import options
+from webapp.admission import Gate, rss
+from webapp.analysis import Analysis, Upload
+from webapp.catalog import ROOT
+from webapp.settings import PREDICTED
+from webapp.tabs import batch, classify
+from webapp.ui import fresh
+from webapp.ui.context import Context
+
+from .net import free_port
+
+APP_FILES = [ROOT / "app.py", ROOT / "webapp"]
+
+
+@pytest.fixture(scope="module")
+def ctx() -> Context:
+    return app.setup("bundled")
+
+
+@pytest.fixture(scope="module")
+def large_photo(tmp_path_factory) -> Path:
+    """A 2000x1300 JPEG: within the Classify tab's 2048 pixels, so it decodes it whole, as ``load_image`` does;
+    Batch decoded it reduced to its gallery's 384 pixels before (another OOD score: 266.3 against 269.1)."""
+    path = tmp_path_factory.mktemp("large") / "two_dogs.jpg"
+    dogs = Image.open(ROOT / "examples" / "dog_cocker_spaniels.jpg").convert("RGB")
+    dogs.resize((2000, 1300), Image.Resampling.BICUBIC).save(path, quality=90)
+    return path
+
+
+# ------------------------------------------------------------------------------------ a tab is one module
+
+SEEN: list[dict] = []
+
+
+def echo(ctx: Context, image: Upload | None, model_choice: str) -> str:
+    """The dummy tab's API: the upload's size and the model's classes."""
+    model, _ = ctx.models.get(model_choice)
+    return f"{image.header.size[0]}x{image.header.size[1]}, {model.config.num_classes} classes"
+
+
+def estimate(ctx: Context, arguments: dict) -> int:
+    SEEN.append(arguments)
+    return DUMMY.need
+
+
+def build(ctx: Context, page) -> None:
+    shared = page.tab(classify)
+    out = gr.Textbox(label="Echo")
+    gr.on([], ctx.handler(echo, estimate), [shared.image, page.picker.choice], out, api_name="dummy")
+
+
+DUMMY = types.ModuleType("dummy_tab")
+DUMMY.TITLE, DUMMY.build, DUMMY.estimate, DUMMY.need = "Dummy", build, estimate, 1 << 20
+
+
+def test_a_tab_added_as_one_module_and_one_entry_is_built_gated_with_its_estimate_and_served(ctx, monkeypatch):
+    monkeypatch.setattr(app, "TABS", (*app.TABS, DUMMY))
+    ctx = Context(ctx.models, gate=Gate(max_memory=rss() + (2 << 30)))
+    demo = app.build_ui(ctx)
+    tabs = [b.label for b in demo.blocks.values() if isinstance(b, gr.Tab)]
+    assert tabs == ["Classify", "Explore", "Compare", "Batch", "Inspect", "Dummy"]
+    demo.queue().launch(server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        client, choice = Client(demo.local_url, verbose=False), ctx.models.default
+        cat = ROOT / "examples" / "cat_chelsea.jpg"
+        assert client.predict(handle_file(str(cat)), choice, api_name="/dummy") == "451x300, 10 classes"
+        assert SEEN[-1]["model_choice"] == choice and isinstance(SEEN[-1]["image"], Upload)  # its own estimate
+        DUMMY.need = 1 << 50  # more than any server has: refused by the gate with that estimate
+        with pytest.raises(Exception, match=r"needs about 1,073,741,824 MB"):
+            client.predict(handle_file(str(cat)), choice, api_name="/dummy")
+    finally:
+        DUMMY.need = 1 << 20
+        demo.close()
+
+
+# ------------------------------------------------------------------------------- one decode for every tab
+
+
+def test_a_large_photo_gets_the_same_numbers_from_classify_batch_the_api_and_predict(ctx, large_photo):
+    choice = ctx.models.default
+    model, transform = ctx.models.get(choice)
+    with torch.no_grad():  # the library's own path: the file decoded whole, the model's views
+        reference = predict(model, transform(load_image(large_photo)).unsqueeze(0))
+    probs, score = reference.probs[0], float(reference.ood_score[0])
+    names = model.class_names
+
+    labels, _, _, _, _, ood = classify.classify(ctx, str(large_photo), choice, top_k=10)  # the API's handler
+    page = classify.show(
+        ctx, Upload(str(large_photo)), choice, None, PREDICTED, 1, "mean", "mean", 0.0, 0.5, 10, None, None
+    )
+    _, csv_path, _ = batch.batch(ctx, [str(large_photo)], choice, top_k=10)
+    (row,) = list(csv.DictReader(io.StringIO(Path(csv_path).read_text())))
+    for shown in (labels, page[0]):
+        torch.testing.assert_close(torch.tensor([shown[n] for n in names]), probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ood["ood_score"], score, atol=0, rtol=1e-5)
+    in_batch = {row[f"class_{r}"]: float(row[f"p_{r}"]) for r in range(1, 11)}
+    torch.testing.assert_close(torch.tensor([in_batch[n] for n in names]), probs, atol=6e-5, rtol=0)  # 4 decimals
+    assert float(row["ood_score"]) == pytest.approx(score, rel=6e-4)  # 4 significant digits
+
+
+# ------------------------------------------------------------------------ one read, at most 8 app modules
+
+
+def _carries_the_image(value: object, depth: int = 0) -> bool:
+    """The upload or something made from it: its file, bytes, pixels, tensors, analysis or map."""
+    if isinstance(value, Upload | FileData | bytes | io.BytesIO | Image.Image | Analysis):
+        return True
+    if isinstance(value, torch.Tensor):
+        return not isinstance(value, torch.nn.Parameter)
+    if depth < 2 and isinstance(value, list | tuple | dict):
+        items = value.values() if isinstance(value, dict) else value
+        return any(_carries_the_image(v, depth + 1) for v in list(items)[:16])
+    return False
+
+
+def test_one_classify_request_reads_its_upload_once_and_passes_through_at_most_8_app_modules(ctx, tmp_path):
+    """The page's Classify request (the upload component, then ``show`` behind the memory gate) on a photo the
+    server has not seen: the file is opened once (its header, digest and pixels come from that read), and the
+    image or what is made from it (pixels, tensors, the map, the overlay) passes through at most 8 of the app's
+    modules (``docs/ARCHITECTURE.md`` draws the path)."""
+    photo = tmp_path / "new_cat.png"
+    Image.open(ROOT / "examples" / "cat_chelsea.jpg").save(photo)  # other bytes: not in the analysis cache
+    ctx = Context(ctx.models, gate=Gate(max_memory=rss() + (2 << 30)))
+    component = classify.ImageUpload(type="filepath")
+    opened, modules = [], set()
+    tracing = [False]
+
+    def audit(event: str, args: tuple) -> None:
+        if tracing[0] and event == "open" and str(args[0]) == str(photo):
+            opened.append(args[1])
+
+    def profile(frame, event, arg):
+        if event == "call" and any(v is not None and _carries_the_image(v) for v in frame.f_locals.values()):
+            path = Path(frame.f_code.co_filename)
+            if any(path == f or f in path.parents for f in APP_FILES):
+                modules.add(path.relative_to(ROOT).as_posix())
+
+    sys.addaudithook(audit)
+    tracing[0] = True
+    sys.setprofile(profile)
+    try:
+        image = component.preprocess(FileData(path=str(photo), orig_name="new_cat.png"))
+        settings = (None, PREDICTED, 1, "mean", "mean", 0.0, 0.5, 5, None, None)
+        labels, overlay, note, *_ = classify.show(ctx, image, ctx.models.default, *settings)
+    finally:
+        sys.setprofile(None)
+        tracing[0] = False
+    assert "cat" in labels and overlay is not None and note.startswith("Computed in")
+    assert len(opened) == 1, opened
+    print(sorted(modules))
+    assert len(modules) <= 8, "\n".join(sorted(modules))
+
+
+# ------------------------------------------------------------------------------------ the page's events
+
+
+def test_a_repeated_change_of_image_clears_nothing_and_sends_no_second_request(ctx):
+    """A file input set while it holds a file fires ``change`` twice with the new file: the repeat is refused
+    by a silent error, and the recomputation is chained only on success, so it is not sent."""
+    tickets = fresh.Tickets()
+    cat, dog = fresh.subject_of(Upload("cat.jpg"), "m"), fresh.subject_of(Upload("dog.jpg"), "m")
+    assert tickets.change("page", "g", 1, cat) and tickets.change("page", "g", 2, dog)
+    assert not tickets.change("page", "g", 3, dog)  # the same file, the same model
+    assert tickets.change("page", "g", 4, cat)
+    demo = app.build_ui(ctx)
+    (clear,) = [fn for fn in demo.fns.values() if fn.name == "cleared" and fn.outputs[0].elem_id == "labels"]
+    (new,) = [fn for fn in demo.fns.values() if fn.api_name == "classify_new"]
+    assert new.trigger_after == clear._id and new.trigger_only_on_success
+    request = types.SimpleNamespace(session_hash="a page")
+    image = Upload(str(ROOT / "examples" / "cat_chelsea.jpg"))
+    assert clear.fn(image, ctx.models.default, 10, request)[0] is None  # the results cleared
+    with pytest.raises(gr.Error) as repeated:
+        clear.fn(Upload(image.path), ctx.models.default, 11, request)
+    assert repeated.value.visible is False
+
+
+# --------------------------------------------------------------------- the default map and the LRP notice
+
+
+def _options(*args: str) -> options.Options:
+    p = argparse.ArgumentParser()
+    options.add_arguments(p)
+    return options.configure(p.parse_args(args))
+
+
+def test_a_deployer_chooses_the_default_map_and_lrp_maps_carry_their_authors_notice(ctx, monkeypatch):
+    assert _options().default_method is methods.ATTNLRP
+    assert _options("--default-method", "rollout").default_method is methods.ROLLOUT
+    monkeypatch.setenv(options.DEFAULT_METHOD_VARIABLE, "gradient")  # a Space's setting
+    assert _options().default_method is methods.GRADIENT
+    assert _options("--default-method", "attention").default_method is methods.RAW  # the flag wins
+    with pytest.raises(SystemExit, match="--default-method: choose one of attnlrp, rollout"):
+        _options("--default-method", "rise")  # many forward passes: not run for every model
+    monkeypatch.delenv(options.DEFAULT_METHOD_VARIABLE)
+
+    models = ctx.models
+    monkeypatch.setattr(models, "options", _options("--default-method", "rollout"))
+    demo = app.build_ui(ctx)
+    (radio,) = [b for b in demo.blocks.values() if isinstance(b, gr.Radio) and b.label == "Explanation"][:1]
+    assert radio.value == methods.ROLLOUT.title
+    cat = str(ROOT / "examples" / "cat_chelsea.jpg")
+    *_, explains, _ = classify.classify(ctx, cat, models.default)  # no method: the server's default
+    assert explains.startswith("Map explains: cat, the prediction (attention maps are the same for every class")
+    notices = [b.value for b in demo.blocks.values() if isinstance(b, gr.Markdown) and "patented" in (b.value or "")]
+    assert len(notices) == 3  # Classify, Compare, Batch: where AttnLRP and Chefer et al. are offered
+    assert notices[0].startswith("AttnLRP and Chefer et al. are based on layer-wise relevance propagation")
+    assert "free of charge for personal and scientific purposes only" in notices[0]
+
+
+def test_the_api_page_describes_each_endpoint_in_plain_text(ctx):
+    """Gradio's "Use via API" page shows a handler's docstring as it is: no reStructuredText markup."""
+    endpoints = app.build_ui(ctx).get_api_info()["named_endpoints"]
+    for name in ("/classify", "/explore", "/compare", "/batch", "/inspect"):
+        description = endpoints[name]["description"]
+        assert description and "`" not in description and "``" not in description, (name, description)

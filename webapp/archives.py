@@ -1,0 +1,143 @@
+"""Reading a batch's uploads: image files and zip archives of images, one image's bytes at a time.
+
+Uploads are untrusted. Archives are read in memory, never extracted: member paths are only names, so
+``../`` entries cannot write anywhere. An archive's entry count and directory size are read from its
+end-of-central-directory record first, so a zip declaring a million entries is refused without reading its
+directory. Only members with an image suffix are read; the number of images and the bytes read are capped
+from the archive's directory *and* while reading (a member that inflates past its declared size is cut off
+and refused), so a zip bomb costs at most ``MAX_TOTAL_BYTES``.
+"""
+
+from __future__ import annotations
+
+import struct
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import torch
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff"}
+MAX_IMAGES = 64  # images per batch, across all files and archives
+MAX_MEMBERS = 10_000  # entries in one archive's directory; more is refused unread
+MAX_DIRECTORY_BYTES = 8 << 20  # one archive's central directory (about 300 bytes an entry at most)
+MAX_IMAGE_BYTES = 32 << 20  # one image, compressed size
+MAX_TOTAL_BYTES = 256 << 20  # all images of a batch, as read
+_EOCD = struct.Struct("<4s4H2LH")  # end of central directory record
+_EOCD64_LOCATOR = struct.Struct("<4sLQL")
+_EOCD64 = struct.Struct("<4sQ2H2L4Q")
+
+
+@dataclass
+class Item:
+    """One upload of a batch (an image file or an archive's member): its probabilities, or why it was skipped."""
+
+    name: str
+    error: str | None = None
+    probs: torch.Tensor | None = None  # set by classify_batch
+    ood_score: float | None = None  # and, for a model with a "none of my classes" detector, its score
+    is_ood: bool | None = None  # and decision
+
+
+def zip_directory(path: Path) -> tuple[int, int] | None:
+    """(entries, central directory bytes) from the end-of-central-directory record (ZIP64's when the
+    classic fields overflow), read from the file's last 64 KB without reading the directory; None when
+    there is no such record."""
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        tail_start = max(0, size - _EOCD.size - 0xFFFF)  # the record, then at most a 64 KB comment
+        f.seek(tail_start)
+        tail = f.read()
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or at + _EOCD.size > len(tail):
+            return None
+        _, _, _, _, entries, directory, _, _ = _EOCD.unpack_from(tail, at)
+        if entries != 0xFFFF and directory != 0xFFFFFFFF:
+            return entries, directory
+        locator = tail_start + at - _EOCD64_LOCATOR.size
+        if locator < 0:
+            return None
+        f.seek(locator)
+        sig, _, record, _ = _EOCD64_LOCATOR.unpack(f.read(_EOCD64_LOCATOR.size))
+        if sig != b"PK\x06\x07" or record > size - _EOCD64.size:
+            return None
+        f.seek(record)
+        sig, _, _, _, _, _, _, entries, directory, _ = _EOCD64.unpack(f.read(_EOCD64.size))
+        return (entries, directory) if sig == b"PK\x06\x06" else None
+
+
+def _read_zip(path: Path, budget: list[int], room: list[int]) -> Iterator[tuple[Item, bytes | None]]:
+    """Image members of the archive at ``path``, one at a time: at most ``room[0]`` of them, their bytes
+    charged to ``budget[0]``."""
+    declared = zip_directory(path)
+    if declared is not None and (declared[0] > MAX_MEMBERS or declared[1] > MAX_DIRECTORY_BYTES):
+        entries, directory = declared
+        yield (
+            Item(
+                path.name,
+                f"refused unread: {entries:,} entries, a {directory:,}-byte directory (at most "
+                f"{MAX_MEMBERS:,} entries)",
+            ),
+            None,
+        )
+        return
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        yield Item(path.name, error=f"not a readable zip archive ({e})"), None
+        return
+    with zf:
+        members = zf.infolist()
+        if len(members) > MAX_MEMBERS:  # a directory that disagrees with its end record
+            yield Item(path.name, error=f"refused: {len(members)} entries (at most {MAX_MEMBERS})"), None
+            return
+        for info in members:
+            name = PurePosixPath(info.filename).name
+            if info.is_dir() or PurePosixPath(name).suffix.lower() not in IMAGE_SUFFIXES or name.startswith("."):
+                continue
+            label = f"{path.name}/{info.filename}"
+            if room[0] == 0:
+                yield Item(label, error=f"skipped: a batch holds at most {MAX_IMAGES} images"), None
+                return
+            limit = min(MAX_IMAGE_BYTES, budget[0])
+            if info.file_size > limit:
+                yield Item(label, error=f"skipped: {info.file_size:,} bytes uncompressed (limit {limit:,})"), None
+                continue
+            try:
+                with zf.open(info) as f:
+                    data = f.read(limit + 1)
+            except (RuntimeError, zipfile.BadZipFile, OSError, NotImplementedError) as e:  # encrypted, corrupt
+                yield Item(label, error=f"cannot read this member ({e})"), None
+                continue
+            if len(data) > limit:
+                yield Item(label, error="refused: inflates past its declared size"), None
+                continue
+            budget[0] -= len(data)
+            room[0] -= 1
+            yield Item(label), data
+
+
+def read_uploads(paths: list[str]) -> Iterator[tuple[Item, bytes | None]]:
+    """The uploads in ``paths`` (image files and zip archives of images), in order, each with its bytes, read
+    one at a time as the caller asks for them (None, with ``item.error`` saying why, for one skipped).
+    Raises ``ValueError`` when nothing was uploaded."""
+    if not paths:
+        raise ValueError("Upload one or more images, or a zip archive of images.")
+    return _read_uploads([Path(p) for p in paths])
+
+
+def _read_uploads(paths: list[Path]) -> Iterator[tuple[Item, bytes | None]]:
+    budget, room = [MAX_TOTAL_BYTES], [MAX_IMAGES]
+    for p in paths:
+        if zipfile.is_zipfile(p):
+            yield from _read_zip(p, budget, room)
+        elif room[0] == 0:
+            yield Item(p.name, error=f"skipped: a batch holds at most {MAX_IMAGES} images"), None
+        elif p.stat().st_size > min(MAX_IMAGE_BYTES, budget[0]):
+            yield Item(p.name, error="skipped: file too large for this batch"), None
+        else:
+            data = p.read_bytes()
+            budget[0] -= len(data)
+            room[0] -= 1
+            yield Item(p.name), data

@@ -1,0 +1,396 @@
+"""The Explore tab: click a patch of the image to see where it attends, layer by layer and head by head, and its
+attention rollout; ``/explore`` is the API, with the point in image pixels.
+
+A click sets the point (x, y, in the image's pixels); a change of the point or of a setting redraws the maps
+(``redraw``); a new image or model clears the point and draws the picture to click (``picture``). Each answers
+the page's newest request only (``fresh``).
+
+The computation: a point on the upload (in the upload's own pixels) is mapped into the eval crop, the region the
+model saw (``transform.crop_box``), then to the token whose cell of the model input contains it (``patch_at``).
+Token cells are ``feature_stride`` pixels of the input: the patch size for a plain ViT, the CNN's stride times
+the patch size for hybrids (whose last row and column may be partly padding: the grid is rounded up). Prefix
+tokens (a class token, if any) are not patches: they are left out of the rows shown, as in ``vit_core.explain``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+import torch
+from PIL import Image
+
+from vit_core import VisionTransformer, explain
+
+from .. import estimates, render
+from ..admission import COMPUTE
+from ..analysis import Analysis, Upload, declared
+from ..catalog import BUNDLED_LABEL
+from ..errors import user_errors
+from ..settings import Settings, head_name, layer_name, parse_settings
+from ..ui import fresh
+from ..ui.context import Context
+from ..ui.inputs import CheckedDropdown
+from ..ui.picker import Page
+from . import classify
+from .classify import head_choices, layer_range
+
+TITLE = "Explore"
+GROUP = "explore"
+POINT = "explore point"
+HINT = "Click a patch inside the bright region."
+OUTSIDE = "That point is outside the region the model saw: click inside the bright region."
+
+
+SIDE = 320  # long side of the explorer's overlays, in pixels
+TILE = 144  # long side of one head's tile
+VIEW_SIDE = 720  # long side of the picture to click on
+# Drawing, per pixel of the reduced image: the 720-pixel picture to click, the 320-pixel crops of a patch's maps
+# (measured 2 and 5).
+VIEW_DRAW_BYTES, DRAW_BYTES = 4, 8
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A token of the model's grid, and the part of the model input it covers."""
+
+    row: int
+    col: int
+    grid: tuple[int, int]
+    token: int  # index among all tokens, prefix tokens included
+    cell: tuple[float, float, float, float]  # (left, top, right, bottom) as fractions of the input
+
+    def describe(self) -> str:
+        return f"row {self.row + 1}, column {self.col + 1} of the {self.grid[0]}x{self.grid[1]} token grid"
+
+
+def patch_at(a: Analysis, x: float, y: float) -> Patch | None:
+    """The token under the point (``x``, ``y``) of the upload, in its own pixels; None outside the region
+    the model saw."""
+    left, top, right, bottom = a.crop
+    fx, fy = (x - left) / (right - left), (y - top) / (bottom - top)
+    if not (0.0 <= fx <= 1.0 and 0.0 <= fy <= 1.0):
+        return None
+    h, w = a.x.shape[-2:]
+    stride = a.model.config.feature_stride
+    gh, gw = a.grid
+    row, col = min(int(fy * h // stride), gh - 1), min(int(fx * w // stride), gw - 1)
+    cell = (col * stride / w, row * stride / h, min((col + 1) * stride, w) / w, min((row + 1) * stride, h) / h)
+    return Patch(row, col, (gh, gw), a.model.num_prefix_tokens + row * gw + col, cell)
+
+
+def from_view(a: Analysis, x: float, y: float) -> tuple[float, float]:
+    """A pixel of the explorer's picture (``clickable``) to a point of the upload, in its own pixels."""
+    w, h = render.fit(a.shown.size, VIEW_SIDE)
+    return (x + 0.5) * a.size[0] / w, (y + 0.5) * a.size[1] / h
+
+
+def attention_row(a: Analysis, patch: Patch, layer: int, head: int | None) -> torch.Tensor:
+    """(grid_h, grid_w): the patch's attention probabilities over the patches at ``layer``, one head or the mean."""
+    attn = a.attentions[layer][0]
+    row = (attn.mean(dim=0) if head is None else attn[head])[patch.token]
+    return row[a.model.num_prefix_tokens :].reshape(patch.grid)
+
+
+def rollout_row(a: Analysis, patch: Patch, head_fusion: str, discard_ratio: float) -> torch.Tensor:
+    """(grid_h, grid_w): the patch's row of the attention rollout ``Â_L ... Â_1``, divided by its maximum:
+    ``explain.rollout`` carried from this patch's token instead of the read-out row."""
+    prefix = a.model.num_prefix_tokens
+    v = torch.zeros(1, a.attentions[0].shape[-1])
+    v[0, patch.token] = 1.0
+    row = explain.rollout(a.attentions, v, prefix, head_fusion, discard_ratio)[0, prefix:].reshape(patch.grid)
+    return row / row.max().clamp_min(torch.finfo(row.dtype).tiny)
+
+
+def clickable(a: Analysis, patch: Patch | None = None) -> Image.Image:
+    """The upload to click on: dimmed outside the region the model saw, its token grid drawn, the chosen
+    patch outlined."""
+    img = render.dim_outside(a.shown, a.box, VIEW_SIDE, a.grid)
+    if patch is not None:
+        scale = img.width / a.size[0]
+        left, top, right, bottom = a.crop
+        cw, ch = right - left, bottom - top
+        l, t, r, b = patch.cell
+        render.outline(
+            img, ((left + l * cw) * scale, (top + t * ch) * scale, (left + r * cw) * scale, (top + b * ch) * scale)
+        )
+    return render.unique(img, "explorer view")
+
+
+def patch_maps(a: Analysis, patch: Patch, s: Settings) -> tuple[Image.Image, Image.Image, Image.Image, str]:
+    """The patch's attention row at ``s.layer`` / ``s.head``, its rollout row, a grid of every head's row at
+    that layer, and a sentence saying what they show."""
+    heads = a.model.config.num_heads
+    layer, head = layer_name(s.layer, a.model.config.depth), head_name(s.head)
+    attention = attention_row(a, patch, s.layer, s.head)
+    first = render.map_on_crop(a.shown, a.box, attention, s.opacity, SIDE, f"attention, {layer}, {head}", patch.cell)
+    rollout = rollout_row(a, patch, s.head_fusion, s.discard_ratio)
+    second = render.map_on_crop(a.shown, a.box, rollout, s.opacity, SIDE, "rollout", patch.cell)
+    tiles = [
+        render.with_colorbar(render.map_on_crop(a.shown, a.box, row, s.opacity, TILE, patch=patch.cell), row, "")
+        for row in (attention_row(a, patch, s.layer, h) for h in range(heads))
+    ]
+    grid = render.tile_grid(tiles, [head_name(h) for h in range(heads)], columns=min(heads, 4))
+    grid = render.titled(grid, [f"Every head of {layer}"])
+    gw = patch.grid[1]
+    top = int(attention.flatten().argmax())
+    text = (
+        f"Patch at {patch.describe()}. At {layer}, {head}, it attends most to row {top // gw + 1}, "
+        f"column {top % gw + 1} ({float(attention.max()):.0%} of its attention)."
+    )
+    return (
+        render.unique(first, "patch attention"),
+        render.unique(second, "patch rollout"),
+        render.unique(grid, "heads"),
+        text,
+    )
+
+
+def estimate_view(ctx: Context, arguments: dict) -> int:
+    """The picture to click, or a click: the upload decoded, its analysis, a 720-pixel picture."""
+    return _estimate(ctx, arguments, VIEW_DRAW_BYTES)
+
+
+def estimate(ctx: Context, arguments: dict) -> int:
+    """A patch's maps: the analysis, and 320-pixel crops."""
+    return _estimate(ctx, arguments, DRAW_BYTES)
+
+
+def _estimate(ctx: Context, arguments: dict, draw: int) -> int:
+    model, transform = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
+    cpu = model is not None and ctx.device.type == "cpu"
+    work = estimates.analysis_bytes(model.config) if cpu else 0
+    return estimates.image_request(declared(arguments.get("image")), transform, draw, work)
+
+
+@user_errors
+def view(ctx: Context, image: Upload | None, model_choice: str) -> Image.Image | None:
+    """The upload to click on: the region the model saw bright, its token grid drawn."""
+    return None if image is None else clickable(ctx.analysis(image, model_choice))
+
+
+@user_errors
+def explore(
+    ctx: Context,
+    image: Upload | str | None,
+    model_choice: str = BUNDLED_LABEL,
+    x: float = 0.0,
+    y: float = 0.0,
+    layer: int = -1,
+    head: str = "mean",
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    opacity: float = 0.5,
+) -> tuple[Image.Image, Image.Image, Image.Image, str]:
+    """The patch under the point (x, y) of the image, in the image's own pixels: its attention over the
+    patches at a layer (from 0, the first; negative from the end) for a head (from 0, or the mean), its
+    attention-rollout row, every head of that layer, and a sentence. The patch is outlined on each map."""
+    a = ctx.analysis(image, model_choice)
+    s = parse_settings(
+        a.model, layer=layer, head=head, head_fusion=head_fusion, discard_ratio=discard_ratio, opacity=opacity
+    )
+    patch = patch_at(a, float(x), float(y))
+    if patch is None:
+        raise ValueError(f"({x:g}, {y:g}) is outside the region the model saw; pick a point inside it")
+    return patch_maps(a, patch, s)
+
+
+def picture(ctx: Context, image: Upload | None, model_choice: str, ticket: float | None, request: gr.Request) -> tuple:
+    """After a new image or model: the picture to click, no point, no maps (an error in place of the text)."""
+    empty = (None, None, None, None, None)  # x, y and the three maps
+
+    def compute() -> tuple:
+        return view(ctx, image, model_choice), *empty, HINT if image is not None else ""
+
+    subject, held = (
+        fresh.subject_of(image, model_choice),
+        ctx.held(estimate_view, image=image, model_choice=model_choice),
+    )
+    return fresh.answer(request, GROUP, ticket, subject, 7, compute, lambda e: (None, *empty, fresh.problem(e)), held)
+
+
+def point(
+    ctx: Context, image: Upload | None, model_choice: str, ticket: float | None, evt: gr.SelectData, request: gr.Request
+):
+    """A click on the picture: its pixels to the upload's (x, y), which ``redraw`` then follows."""
+
+    def compute() -> tuple:
+        if image is None or evt.index is None:
+            return gr.skip(), gr.skip()
+        x, y = from_view(ctx.analysis(image, model_choice), *evt.index)
+        return round(x, 1), round(y, 1)
+
+    subject, held = (
+        fresh.subject_of(image, model_choice),
+        ctx.held(estimate_view, image=image, model_choice=model_choice),
+    )
+    return fresh.answer(request, POINT, ticket, subject, 2, user_errors(compute), lambda e: (gr.skip(),) * 2, held)
+
+
+def redraw(
+    ctx: Context,
+    image: Upload | None,
+    model_choice: str,
+    x: float | None,
+    y: float | None,
+    layer: int,
+    head: str,
+    head_fusion: str,
+    discard_ratio: float,
+    opacity: float,
+    ticket: float | None,
+    request: gr.Request,
+) -> tuple:
+    """The chosen patch's maps and the picture with it outlined, for the point and settings on screen; the
+    reason in place of the maps when the point is outside the region the model saw, or the request fails.
+    Nothing to do before a point is chosen (``picture`` drew the page then)."""
+    if image is None or x is None or y is None:
+        return (gr.skip(),) * 5
+
+    def compute() -> tuple:
+        a = ctx.analysis(image, model_choice)
+        patch = patch_at(a, float(x), float(y))
+        if patch is None:
+            return clickable(a), None, None, None, OUTSIDE
+        shown = explore(ctx, image, model_choice, x, y, layer, head, head_fusion, discard_ratio, opacity)
+        return clickable(a, patch), *shown
+
+    def failed(message: str) -> tuple:
+        return gr.skip(), None, None, None, fresh.problem(message)
+
+    subject, held = fresh.subject_of(image, model_choice), ctx.held(estimate, image=image, model_choice=model_choice)
+    return fresh.answer(request, GROUP, ticket, subject, 5, user_errors(compute), failed, held)
+
+
+@dataclass
+class ExploreTab:
+    """The tab's layer and head controls, which follow the loaded model."""
+
+    layer: gr.Slider
+    head: gr.Dropdown
+
+    @property
+    def fitted(self) -> list[gr.components.Component]:
+        return [self.layer, self.head]
+
+    def fit(self, model: VisionTransformer, device: torch.device) -> list:
+        return [gr.Slider(**layer_range(model, "Layer")), gr.Dropdown(choices=head_choices(model), value="mean")]
+
+
+def build(ctx: Context, page: Page) -> ExploreTab:
+    """The picture to click, its layer and head, the point clicked; the patch's maps. Head fusion, discard
+    ratio and opacity are the Classify tab's."""
+    picker, shared = page.picker, page.tab(classify)
+    gr.Markdown(
+        "Click a patch inside the bright region (what the model saw) to see where that patch "
+        "attends at one layer and head, its attention rollout, and every head of the layer. "
+        "Layers and heads are numbered from 0."
+    )
+    with gr.Row():
+        with gr.Column():
+            view_image = gr.Image(
+                type="pil",
+                label="Click a patch",
+                show_label=False,
+                interactive=False,
+                elem_id="view",
+                elem_classes="figure",
+            )
+            with gr.Row():
+                layer = gr.Slider(step=1, **layer_range(picker.model, "Layer"))
+                head = CheckedDropdown(head_choices(picker.model), value="mean", allow_custom_value=True, label="Head")
+            with gr.Row():
+                point_x = gr.Number(label="x (image pixels)", precision=1, elem_id="point-x")
+                point_y = gr.Number(label="y (image pixels)", precision=1, elem_id="point-y")
+        with gr.Column():
+            patch_text = gr.Textbox(label="Selected patch", lines=2, interactive=False, elem_id="patch-text")
+            # no labels drawn over the maps: their colour bars and titles say what they show
+            with gr.Row():
+                patch_attention = gr.Image(
+                    type="pil",
+                    label="Its attention (layer, head)",
+                    show_label=False,
+                    elem_id="patch-attention",
+                    elem_classes="figure",
+                )
+                patch_rollout = gr.Image(
+                    type="pil",
+                    label="Its attention rollout",
+                    show_label=False,
+                    elem_id="patch-rollout",
+                    elem_classes="figure",
+                )
+            heads_grid = gr.Image(
+                type="pil",
+                label="Every head of the layer",
+                show_label=False,
+                elem_id="heads-grid",
+                elem_classes="figure",
+            )
+
+    image, active = shared.image, picker.active
+    maps = [patch_attention, patch_rollout, heads_grid, patch_text]
+    cleared = fresh.on_change(
+        [image.change, active.change],
+        [GROUP, POINT],
+        [image, active],
+        lambda _: (None, None, None, None, None, None, ""),
+        [view_image, point_x, point_y, *maps],
+    )
+    fresh.then(
+        cleared,
+        ctx.handler(picture, None),
+        [image, active],
+        [view_image, point_x, point_y, *maps],
+        concurrency_id=COMPUTE,
+        api_name="explore_picture",
+    )
+    clicked = fresh.listen(
+        [view_image.select],
+        ctx.handler(point, None),
+        [image, active],
+        [point_x, point_y],
+        show_progress="hidden",
+        concurrency_id=COMPUTE,
+        api_name="explore_point",
+    )
+    settings = [layer, head, shared.head_fusion, shared.discard, shared.opacity]
+    inputs, outputs = [image, active, point_x, point_y, *settings], [view_image, *maps]
+    # redrawn after a click, a typed point or a setting; not on the point's `change`, which clearing it fires too
+    redrawn = ctx.handler(redraw, None)
+    fresh.then(
+        clicked,
+        redrawn,
+        inputs,
+        outputs,
+        show_progress="hidden",
+        concurrency_id=COMPUTE,
+        api_name="explore_clicked",
+    )
+    fresh.listen(
+        [
+            point_x.submit,
+            point_y.submit,
+            layer.release,
+            head.input,
+            shared.head_fusion.input,
+            shared.discard.release,
+            shared.opacity.release,
+        ],
+        redrawn,
+        inputs,
+        outputs,
+        show_progress="hidden",
+        concurrency_id=COMPUTE,
+        api_name="explore_page",
+    )
+    api_settings = [shared.api_layer, head, shared.head_fusion, shared.discard, shared.opacity]
+    gr.on(
+        [],
+        ctx.handler(explore, estimate),
+        [image, picker.choice, point_x, point_y, *api_settings],
+        maps,
+        api_name="explore",
+        concurrency_id=COMPUTE,
+    )
+    return ExploreTab(layer, head)
