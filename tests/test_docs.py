@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,14 @@ def commands(code: str) -> list[list[str]]:
     return out
 
 
+@cache
+def console_scripts() -> dict[str, str]:
+    """pyproject.toml's ``[project.scripts]``: each command and the package whose ``__main__`` it runs."""
+    section = re.search(r"^\[project\.scripts\]\n(.*?)(?:^\[|\Z)", (ROOT / "pyproject.toml").read_text(), re.M | re.S)
+    entries = re.findall(r'^([\w-]+)\s*=\s*"([\w.]+?)(?:\.__main__)?:main"', section.group(1) if section else "", re.M)
+    return dict(entries)
+
+
 def target(words: list[str]) -> tuple[str, list[str]] | None:
     """What a command runs, as (``-m module`` or a script path, its arguments); None for shell set-up."""
     while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):  # VAR=value before the command
@@ -63,6 +72,8 @@ def target(words: list[str]) -> tuple[str, list[str]] | None:
         return rest[0], rest[1:]
     if program == "bash":
         return rest[0], rest[1:]
+    if program in console_scripts():
+        return "-m " + console_scripts()[program], rest
     raise AssertionError(f"a command the docs test does not know: {shlex.join(words)}")
 
 
