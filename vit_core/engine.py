@@ -279,6 +279,9 @@ class _Run:
             self.scaler.step(optimizer)
             self.scaler.update()
             step = epoch * steps + i + 1
+            if hooks.on_step is not None and self.procs.main:  # the learning rate this step took
+                lr, total, elapsed = optimizer.param_groups[0]["lr"], recipe.epochs * steps, time.time() - self.t_start
+                hooks.on_step(StepInfo(epoch, step, steps, total, batch_loss.item(), lr, elapsed, self.budget_s))
             elapsed, stopped = self._clock(hooks)
             self.scheduler.step_update(num_updates=self._schedule_step(step, elapsed))
             if self.lookahead is not None:
@@ -286,9 +289,6 @@ class _Run:
             if self.ema is not None:
                 self.ema.update(net, step=step)
             bar.step(epoch, i, batch_loss, optimizer.param_groups[0]["lr"])
-            if hooks.on_step is not None and self.procs.main:
-                lr, total = optimizer.param_groups[0]["lr"], recipe.epochs * steps
-                hooks.on_step(StepInfo(epoch, step, steps, total, batch_loss.item(), lr, elapsed, self.budget_s))
             if stopped:
                 break
         self.procs.all_sum(sums)

@@ -23,7 +23,7 @@ class StepInfo:
     steps_per_epoch: int
     total_steps: int  # the steps ``epochs`` allows (a run with a time budget may stop before)
     loss: float  # this batch's training loss
-    lr: float
+    lr: float  # the learning rate this step took
     elapsed_s: float  # since the run started (evaluations included; a resumed run counts its earlier epochs)
     budget_s: float | None  # the recipe's budget_minutes, in seconds
 
@@ -33,8 +33,8 @@ class Hooks:
     """Callbacks of a training run, all optional and called on the first process only, in the training loop's
     thread. ``on_step``: after each optimizer step (it costs one wait for the device per step, which only an
     observer pays). ``on_epoch``: with each epoch's metrics row once it is evaluated and saved.
-    ``should_stop``: asked after each step; True ends the epoch there, and the run after that epoch is
-    evaluated and saved (its row says ``"stopped": "asked"``)."""
+    ``should_stop``: asked after each step (after ``on_step``); True ends the epoch there, and the run after that
+    epoch is evaluated and saved (its row says ``"stopped": "asked"``)."""
 
     on_step: Callable[[StepInfo], None] | None = None
     on_epoch: Callable[[dict[str, Any]], None] | None = None
