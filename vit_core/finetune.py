@@ -5,7 +5,7 @@ class) are decoded once into memory, a share of each class is held out (``data.s
 starting checkpoint gets a new zero-initialised head for the folder's classes (optionally a larger input, its
 position embeddings interpolated in 2D), ``engine.train`` trains it within a wall-clock budget (the schedule
 runs on the clock), then the held-out images calibrate the temperature and the "none of my classes" detector
-(``evaluation.calibrate_model``) and measure the result (``eval_held-out.json``), and the run folder gets its
+(``evaluation.calibrate_model``) and measure the result (``eval_held-out_flip.json``), and the run folder gets its
 model card (``README.md``). It is the same code path as ``python -m train --recipe finetune_folder``, whose
 recipe is ``FINETUNE_RECIPE`` (``finish_run`` does the calibration and card there).
 
@@ -52,15 +52,9 @@ FINETUNE_RECIPE: dict[str, Any] = dict(
     cpu_precision="bf16",
     channels_last=True,
 )
-HELD_OUT_SPLIT = "held-out"  # eval_held-out.json: the held-out images' evaluation, calibrated
+HELD_OUT_SPLIT = "held-out"  # eval_held-out_flip.json: the held-out images evaluated as predict() answers
 CARD_NAME = "README.md"
-_RESULT_FILES = (
-    "README.md",
-    "ood.safetensors",
-    "eval_held-out.json",
-    "confusion_held-out.png",
-    "reliability_held-out.png",
-)
+_RESULT_FILES = ("README.md", "ood.safetensors", f"*_{HELD_OUT_SPLIT}*")  # globs
 
 
 @dataclass(frozen=True)
@@ -152,8 +146,9 @@ def finetune_folder(
         data, init, minutes=minutes, image_size=image_size, val_fraction=val_fraction, overrides=overrides
     )
     if overwrite:
-        for name in _RESULT_FILES:  # an earlier run's results must not be taken for this one's
-            (out / name).unlink(missing_ok=True)
+        for pattern in _RESULT_FILES:  # an earlier run's results must not be taken for this one's
+            for path in out.glob(pattern):
+                path.unlink()
     watch = _Watch(report, t0, recipe)
     result = train(recipe, out, progress=progress_bar, overwrite=overwrite, hooks=watch.hooks(should_stop))
     complete = result.stopped != "asked"
@@ -195,7 +190,7 @@ def finish_run(
     """After a run with ``val_fraction``: with ``calibrate``, fit the model's temperature (image and mirror) and
     its Mahalanobis "none of my classes" detector on the held-out images (the statistics from the training
     images, without augmentation), store them (``checkpoint.write_calibration``) and evaluate the held-out images
-    as ``predict`` answers (``eval_held-out.json``); then write the model card ``README.md``. Returns the held-out
+    as ``predict`` answers (``eval_held-out_flip.json``); then write the model card ``README.md``. Returns the held-out
     ``top1``, ``temperature`` and OOD ``threshold`` (empty without ``calibrate``)."""
     model, measured = result.model, {}
     if calibrate:
