@@ -6,6 +6,7 @@
     python -m train --resume --out runs/c10                       # continue a stopped run
     python -m train --recipe mnist_tiny --out runs/m --overwrite  # start over in a folder that holds a run
     python -m train --recipe cifar10_vit_cpu --init timm:vit_tiny_patch16_224 --img-size 224
+    python -m train --recipe finetune_folder --data photos/ --minutes 3 --out runs/photos  # your own classes
     torchrun --nproc_per_node 4 -m train --recipe cifar10_vit     # data-parallel, same recipe
     python -m train eval --model runs/c10 --data cifar10
     python -m train eval --model runs/c10 --data cifar10 --tta flip   # average with the mirrored image
@@ -38,6 +39,7 @@ from vit_core.evaluation import (
     format_confusion,
     write_eval,
 )
+from vit_core.finetune import CARD_NAME, finish_run
 from vit_core.ood import SCORES
 from vit_core.recipe import Recipe, RecipeError
 from vit_core.run_folder import CHECKPOINT_NAME, RECIPE_NAME, DiskFullError
@@ -72,6 +74,11 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-after", type=int, metavar="N", help="stop after epoch N (resume later)")
     p.add_argument("--data", help="dataset: mnist | fashion-mnist | cifar10 | a folder | hf:<name>")
     p.add_argument("--epochs", type=int)
+    p.add_argument(
+        "--minutes",
+        type=float,
+        help="wall-clock budget for the training: the schedule runs on the clock (budget_minutes)",
+    )
     p.add_argument("--batch-size", type=int, help="global batch size (over all processes)")
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int)
@@ -168,6 +175,7 @@ def run_train(argv: list[str]) -> None:
     options = {  # typed by argparse: applied as they are, after --set
         "data": args.data,
         "epochs": args.epochs,
+        "budget_minutes": args.minutes,
         "batch_size": args.batch_size,
         "lr": args.lr,
         "seed": args.seed,
@@ -200,7 +208,7 @@ def run_train(argv: list[str]) -> None:
     recipe = Recipe.from_dict(recipe)
     resume = f"python -m train --resume --out {args.out}"
     try:
-        train(
+        result = train(
             recipe,
             args.out,
             resume=args.resume,
@@ -218,6 +226,10 @@ def run_train(argv: list[str]) -> None:
             else "start it again with --overwrite"
         )
         raise DiskFullError(f"{e}; free some space, then {then}") from None
+    if recipe.val_fraction is not None and int(os.environ.get("RANK", "0")) == 0:
+        # the held-out images calibrate the model, and the folder gets its model card (vit_core.finetune)
+        finish_run(Path(args.out), recipe, result, calibrate=result.stopped != "asked", progress=not args.no_progress)
+        print(f"calibrated on the held-out images; wrote {Path(args.out) / CARD_NAME}")
     if args.push_to_hub and int(os.environ.get("RANK", "0")) == 0:
         from vit_core.hub import push_to_hub
 

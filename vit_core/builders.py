@@ -26,7 +26,11 @@ from .data import (
     build_mixup,
     build_transform,
     class_subset,
+    decode_all,
     fixed_subset,
+    index_subset,
+    stratified_split,
+    with_transform,
 )
 from .distributed import seed_all
 from .hybrid import ConvStem, whitening_weights
@@ -43,15 +47,28 @@ def load_data(spec: str, split: str, transform: ImageTransform, subset: int | li
 
 def build_datasets(recipe: Recipe, pretrained_cfg: dict[str, Any]) -> tuple[Dataset, Dataset]:
     """The training set (with the recipe's augmentation) and the test set, preprocessed as the model's
-    ``pretrained_cfg`` says: the recipe's fixed subsets, then its ``classes``."""
+    ``pretrained_cfg`` says: the recipe's fixed subsets, then its ``classes``; with ``val_fraction`` the test set
+    is that share of the training split, held out per class (``stratified_split``), and the training set the
+    rest; with ``in_memory`` a folder's images are decoded once (``decode_all``)."""
     try:
         train_tf = build_transform(pretrained_cfg, train=True, augment=recipe.augment)
     except ValueError as e:  # e.g. a RandAugment spec timm cannot parse
         raise RecipeError(f"augment: {e}") from None
-    train_set = class_subset(load_data(recipe.data, "train", train_tf, recipe.train_subset), recipe.classes)
-    test_set = class_subset(
-        load_data(recipe.data, "test", build_transform(pretrained_cfg), recipe.eval_subset), recipe.classes
-    )
+    test_tf = build_transform(pretrained_cfg)
+
+    def load(split: str, transform: ImageTransform | None, subset: int | list[int] | None) -> Dataset:
+        if not recipe.in_memory:
+            return class_subset(load_data(recipe.data, split, transform, subset), recipe.classes)
+        keep = lambda d: class_subset(fixed_subset(d, subset), recipe.classes)  # noqa: E731
+        return with_transform(decode_all(recipe.data, split, pretrained_cfg, keep), transform)
+
+    train_set = load("train", train_tf, recipe.train_subset)
+    if recipe.val_fraction is None:
+        test_set = load("test", test_tf, recipe.eval_subset)
+    else:
+        kept, held = stratified_split(train_set.targets, recipe.val_fraction)
+        whole = with_transform(train_set, test_tf) if recipe.in_memory else load("train", test_tf, recipe.train_subset)
+        train_set, test_set = index_subset(train_set, kept), index_subset(whole, held)
     if len(train_set) < recipe.batch_size:
         raise RecipeError(f"{len(train_set)} training images is less than one batch ({recipe.batch_size})")
     return train_set, test_set
@@ -115,7 +132,20 @@ def build_network(
                 m.momentum = recipe.bn_momentum
     if recipe.grad_checkpointing:
         model.set_grad_checkpointing(True)
+    for m in frozen_modules(model, recipe.freeze):
+        m.requires_grad_(False)
     return MaskedPatchPrediction(model) if recipe.task == "mpp" else model
+
+
+def frozen_modules(model: nn.Module, names: list[str]) -> list[nn.Module]:
+    """The modules a recipe's ``freeze`` names (``model.named_modules()`` names); an unknown one is a
+    ``RecipeError`` listing the model's top-level modules."""
+    modules = dict(model.named_modules())
+    unknown = [n for n in names if n not in modules or not n]
+    if unknown:
+        top = ", ".join(n for n in modules if n and "." not in n)
+        raise RecipeError(f"freeze: no module {', '.join(map(repr, unknown))} in this model (its modules: {top}, ...)")
+    return [modules[n] for n in names]
 
 
 def whitening_images(train_set: Dataset | None, model: VisionTransformer, n: int = 5000) -> torch.Tensor:

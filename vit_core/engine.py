@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
+from torch.utils.data import Dataset
 
 from . import run_folder
 from .builders import (
@@ -42,6 +41,7 @@ from .builders import (
     build_network,
     build_optimizer,
     build_scheduler,
+    frozen_modules,
     load_init,
     main_groups,
 )
@@ -50,18 +50,24 @@ from .distributed import Processes, rng_state, seed_all, set_rng_state, setup_pr
 from .evaluation import evaluate, evaluate_checkpoint, evaluate_mpp
 from .figures import training_curves_figure
 from .model import VisionTransformer
+from .progress import Hooks, ProgressLine, StepInfo
 from .recipe import Recipe, RecipeError, recipe_diff
 
-__all__ = ["Recipe", "RecipeError", "TrainResult", "evaluate_checkpoint", "train"]
+__all__ = ["Hooks", "Recipe", "RecipeError", "StepInfo", "TrainResult", "evaluate_checkpoint", "train"]
 
 
 @dataclass
 class TrainResult:
     """What :func:`train` returns: the trained model (the EMA weights when ``ema_decay`` is set; for
-    ``task='mpp'`` the bare ViT), as saved in the run folder, and the per-epoch metrics."""
+    ``task='mpp'`` the bare ViT), as saved in the run folder, the per-epoch metrics, the datasets it trained and
+    evaluated on, and why it stopped before ``epochs``: "budget" (``budget_minutes`` spent), "asked"
+    (``Hooks.should_stop``), or None."""
 
     model: nn.Module  # a VisionTransformer, or a CNN baseline (vit_core.cnn)
     history: list[dict[str, Any]]
+    train_set: Dataset
+    test_set: Dataset
+    stopped: str | None = None
 
 
 def train(
@@ -72,31 +78,40 @@ def train(
     stop_after: int | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    hooks: Hooks | None = None,
 ) -> TrainResult:
     """Train as ``recipe`` says, writing the run folder ``out`` (on the first process).
 
     ``resume``: continue the run in ``out`` from its last checkpoint (the recipe must match the run's,
     except ``RUNTIME_KEYS``). ``stop_after``: stop once this many epochs are done (the schedule still spans
     ``recipe.epochs``), e.g. to train in slices. ``overwrite``: start a new run in a folder that holds one,
-    or other files (those are kept; ``run_folder.check_out``). Under torchrun, call this in every process.
+    or other files (those are kept; ``run_folder.check_out``). ``hooks``: callbacks to follow and stop the run
+    (``vit_core.progress.Hooks``). Under torchrun, call this in every process.
     """
     recipe = recipe if isinstance(recipe, Recipe) else Recipe.from_dict(recipe)
     out = Path(out)
     run_folder.check_out(out, resume=resume, overwrite=overwrite)
     procs = setup_processes(recipe.device)
     try:
+        hooks = hooks if hooks is not None else Hooks()
         run = _Run(recipe, out, procs, resume)
         last = recipe.epochs if stop_after is None else min(recipe.epochs, stop_after)
-        bar = _Progress(run.start_epoch, last, len(run.train_batches), enabled=progress and procs.main)
+        bar = ProgressLine(run.start_epoch, last, len(run.train_batches), enabled=progress and procs.main)
+        stopped = None
         for epoch in range(run.start_epoch, last):
-            row = run.train_epoch(epoch, bar) | run.evaluate()
+            row = run.train_epoch(epoch, bar, hooks) | run.evaluate()
             row["elapsed_s"] = time.time() - run.t_start
             run.history.append(row)
             run.save(epoch + 1)
             if procs.main:
                 bar.write(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))
+            if hooks.on_epoch is not None and procs.main:
+                hooks.on_epoch(row)
+            stopped = row.get("stopped")
+            if stopped:
+                break
         bar.close()
-        return TrainResult(run.exported(), run.history)
+        return TrainResult(run.exported(), run.history, run.train_set, run.test_set, stopped)
     finally:
         procs.close()
 
@@ -133,12 +148,14 @@ class _Run:
         # The model's config gives the preprocessing; the data's classes give the head.
         init = load_init(recipe.init, **recipe.model_args) if recipe.init is not None else None
         config = init.config if init is not None else recipe.scratch_config(None)
-        train_set, test_set = build_datasets(recipe, config.pretrained_cfg())
+        self.train_set, self.test_set = train_set, test_set = build_datasets(recipe, config.pretrained_cfg())
         self.classes = None if self.mpp else list(train_set.classes)
         self.net = build_network(recipe, init, self.classes, train_set).to(procs.device)
+        self.model: nn.Module = self.net.vit if self.mpp else self.net
+        self.frozen = frozen_modules(self.model, recipe.freeze)
+        self.budget_s = None if recipe.budget_minutes is None else 60 * recipe.budget_minutes
         if recipe.channels_last:  # convolutions then run in NHWC whatever the input's layout
             self.net = self.net.to(memory_format=torch.channels_last)
-        self.model: nn.Module = self.net.vit if self.mpp else self.net
         seed_all(recipe.seed + procs.rank)  # the same weights everywhere; one augmentation stream per process
 
         where = dict(rank=procs.rank, world=procs.world, workers=recipe.workers)
@@ -223,11 +240,14 @@ class _Run:
             return nullcontext()
         return torch.autocast(self.procs.device.type, dtype=self.amp_dtype)
 
-    def train_epoch(self, epoch: int, bar: _Progress) -> dict[str, Any]:
+    def train_epoch(self, epoch: int, bar: ProgressLine, hooks: Hooks) -> dict[str, Any]:
         recipe, net, optimizer = self.recipe, self.net, self.optimizer
         self.train_batches.set_epoch(epoch)
         steps = len(self.train_batches)
         net.train()
+        for m in self.frozen:  # frozen BatchNorm layers keep their statistics
+            m.eval()
+        stopped = None
         sums = torch.zeros(3, dtype=torch.float64, device=self.procs.device)  # loss * n, correct, n
         t0 = time.time()
         for i, (x, y) in enumerate(self.train_batches):
@@ -259,12 +279,18 @@ class _Run:
             self.scaler.step(optimizer)
             self.scaler.update()
             step = epoch * steps + i + 1
-            self.scheduler.step_update(num_updates=step)
+            if hooks.on_step is not None and self.procs.main:  # the learning rate this step took
+                lr, total, elapsed = optimizer.param_groups[0]["lr"], recipe.epochs * steps, time.time() - self.t_start
+                hooks.on_step(StepInfo(epoch, step, steps, total, batch_loss.item(), lr, elapsed, self.budget_s))
+            elapsed, stopped = self._clock(hooks)
+            self.scheduler.step_update(num_updates=self._schedule_step(step, elapsed))
             if self.lookahead is not None:
                 self.lookahead.update(net, step)
             if self.ema is not None:
                 self.ema.update(net, step=step)
             bar.step(epoch, i, batch_loss, optimizer.param_groups[0]["lr"])
+            if stopped:
+                break
         self.procs.all_sum(sums)
         seconds = time.time() - t0
         row = {"epoch": epoch + 1, "train_loss": sums[0].item() / sums[2].item()}
@@ -272,11 +298,41 @@ class _Run:
             raise FloatingPointError(f"the training loss became {row['train_loss']} in epoch {epoch + 1}; lower lr")
         if self.mixup is None:  # mixed targets have no single correct class
             row["train_acc" if self.mpp else "train_top1"] = 100 * sums[1].item() / sums[2].item()
-        return row | {
-            "lr": max(g["lr"] for g in main_groups(optimizer)),
-            "images_per_s": steps * recipe.batch_size / seconds,
-            "epoch_time_s": seconds,
-        }
+        done = i + 1
+        return (
+            row
+            | {
+                "lr": max(g["lr"] for g in main_groups(optimizer)),
+                "images_per_s": done * recipe.batch_size / seconds,
+                "epoch_time_s": seconds,
+            }
+            | ({"stopped": stopped, "steps": done} if stopped else {})
+        )
+
+    def _clock(self, hooks: Hooks) -> tuple[float, str | None]:
+        """(seconds since the run started, why it stops now: "budget", "asked" or None), the first process's
+        word for every process, so that all take the same learning rate and stop at the same step (under
+        torchrun every process must be given a ``should_stop``, or none)."""
+        elapsed = time.time() - self.t_start
+        if self.budget_s is None and hooks.should_stop is None:
+            return elapsed, None
+        asked = self.procs.main and hooks.should_stop is not None and hooks.should_stop()
+        word = torch.tensor([elapsed, float(asked)], dtype=torch.float64, device=self.procs.device)
+        if not self.procs.main:
+            word.zero_()
+        elapsed, asked = self.procs.all_sum(word).tolist()
+        if asked:
+            return elapsed, "asked"
+        return elapsed, "budget" if self.budget_s is not None and elapsed >= self.budget_s else None
+
+    def _schedule_step(self, step: int, elapsed: float) -> int:
+        """Where the schedule stands after ``step``: the step itself, or under a time budget as far as the steps
+        done or the share of the budget spent say, whichever is further (so that the learning rate has decayed
+        when the budget is spent, however fast the steps ran)."""
+        if self.budget_s is None:
+            return step
+        total = self.recipe.epochs * len(self.train_batches)
+        return min(total, max(step, round(total * elapsed / self.budget_s)))
 
     def evaluate(self) -> dict[str, Any]:
         if self.mpp:
@@ -322,54 +378,3 @@ class _Run:
         model = self.exported()
         model = model if isinstance(model, VisionTransformer) else None  # a CNN baseline: no files for the app
         run_folder.commit_epoch(self.out, epochs_done, state, model, self.history, curves)
-
-
-class _Progress:
-    """One progress line for the whole run: epoch, step, loss, learning rate and the time left.
-
-    On a terminal it is a tqdm bar redrawn in place. Otherwise (a log file, CI) it is a plain line four
-    times an epoch, so that a log shows how far the run is and when it will end, without the
-    carriage-return noise of a bar."""
-
-    def __init__(self, start_epoch: int, epochs: int, steps: int, *, enabled: bool) -> None:
-        self.epochs, self.steps, self.enabled = epochs, steps, enabled
-        self.done = self.first = start_epoch * steps  # steps of the run done, and done before this process
-        self.total = epochs * steps
-        self.t0 = time.time()
-        self.every = math.ceil(steps / 4)
-        terminal = enabled and sys.stderr.isatty()
-        self.bar = tqdm(total=self.total, initial=self.done, unit="step", dynamic_ncols=True, disable=not terminal)
-
-    def step(self, epoch: int, i: int, loss: torch.Tensor, lr: float) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        if not self.bar.disable:
-            self.bar.update()
-            if i % 20 == 0:  # loss.item() waits for the device: not every step
-                self.bar.set_description(f"epoch {epoch + 1}/{self.epochs}", refresh=False)
-                self.bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
-        elif (i + 1) % self.every == 0 or i + 1 == self.steps:
-            seconds = time.time() - self.t0
-            left = seconds / (self.done - self.first) * (self.total - self.done)
-            print(
-                f"epoch {epoch + 1}/{self.epochs} step {i + 1}/{self.steps} ({100 * self.done / self.total:.0f}%) "
-                f"loss {loss.item():.4f} lr {lr:.2e} elapsed {_clock(seconds)} ETA {_clock(left)}",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def write(self, line: str) -> None:
-        """Print ``line`` to stdout without breaking the bar."""
-        if self.bar.disable:
-            print(line, flush=True)
-        else:
-            self.bar.write(line, file=sys.stdout)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def _clock(seconds: float) -> str:
-    s = round(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from .builders import load_data, load_init
@@ -31,6 +32,7 @@ from .calibration import (
 from .data import Batches, build_transform, class_subset
 from .distributed import setup_processes
 from .figures import confusion_figure, reliability_figure
+from .model import VisionTransformer
 from .ood import OODDetector, fit_statistics, ood_scores, threshold_for
 from .recipe import RecipeError
 from .run_folder import commit, write_json
@@ -215,25 +217,62 @@ def calibrate_checkpoint(
         raise RecipeError(f"the held-out images {list(held_out)} and the OOD fit images {list(fit)} overlap")
     procs = setup_processes(device)
     try:
-        return _calibrate(
-            model, data, held_out, fit, tta, ood, keep, seen, store_temperature, batch_size, procs.device, progress
+        net = load_init(str(model)).to(procs.device).eval()
+        transform = build_transform(net.pretrained_cfg, train=False)
+
+        def images(subset: tuple[int, int]) -> Dataset:
+            dataset = load_data(data, "train", transform, list(subset))
+            dataset = class_subset(dataset, model_classes(net, dataset.classes))
+            if net.config.num_classes != len(dataset.classes):
+                raise RecipeError(
+                    f"{model} predicts {net.config.num_classes} classes but {data} has {len(dataset.classes)}"
+                )
+            return dataset
+
+        seen_note = {True: " (seen in training)", None: " (maybe seen in training)", False: ""}[seen]
+        return calibrate_model(
+            net,
+            images(held_out),
+            images(fit) if ood is not None else None,
+            held_out_name=f"{data} training images [{held_out[0]}, {held_out[1]}) of the fixed shuffle{seen_note}",
+            fit_name=f"{data} training images [{fit[0]}, {fit[1]})",
+            tta=tta,
+            ood=ood,
+            keep=keep,
+            store_temperature=store_temperature,
+            batch_size=batch_size,
+            progress=progress,
         )
     finally:
         procs.close()
 
 
-def _calibrate(model, data, held_out, fit, tta, ood, keep, seen, store_temperature, batch_size, device, progress):
-    net = load_init(str(model)).to(device).eval()
+@torch.no_grad()
+def calibrate_model(
+    net: VisionTransformer,
+    held_out: Dataset,
+    fit: Dataset | None,
+    *,
+    held_out_name: str,
+    fit_name: str,
+    tta: str | None = "flip",
+    ood: str | None = "mahalanobis",
+    keep: float = 0.95,
+    store_temperature: bool = True,
+    batch_size: int = 500,
+    progress: bool = True,
+) -> tuple[Calibration, dict[str, float]]:
+    """A ``Calibration`` of ``net`` (on its device) from two datasets preprocessed for it (the eval transform):
+    the temperature fitted on ``held_out`` for the ``tta`` views, the ``ood`` score's statistics from the
+    pre-logit features of ``fit`` (None without ``ood``), its threshold the ``keep`` quantile of the held-out
+    images' scores; and what was measured (see :func:`calibrate_checkpoint`). ``held_out_name``, ``fit_name``:
+    what the calibration records it was fitted on. ``net.calibration`` is left as it was."""
+    device = next(net.parameters()).device
+    was_training, kept_calibration = net.training, net.calibration
+    net.eval()
     net.calibration = None  # measured from the raw logits
-    transform = build_transform(net.pretrained_cfg, train=False)
 
-    def run(subset: tuple[int, int], views: str | None, what: str):
-        dataset = load_data(data, "train", transform, list(subset))
-        dataset = class_subset(dataset, model_classes(net, dataset.classes))
-        if net.config.num_classes != len(dataset.classes):
-            raise RecipeError(
-                f"{model} predicts {net.config.num_classes} classes but {data} has {len(dataset.classes)}"
-            )
+    def run(dataset: Dataset, views: str | None, what: str):
         logits, features, labels = [], [], []
         for x, y in tqdm(Batches(dataset, batch_size, device, train=False), desc=what, disable=not progress):
             z, f, weights, _ = forward_views(net, x, views)
@@ -242,33 +281,36 @@ def _calibrate(model, data, held_out, fit, tta, ood, keep, seen, store_temperatu
             labels.append(y.cpu())
         return list(torch.cat(logits, 1)), list(torch.cat(features, 1)), weights, torch.cat(labels)
 
-    logits, features, weights, labels = run(held_out, tta, "held-out images")
-    T = fit_temperature(logits, weights, labels)
-    before, after = mixture_log_probs(logits, weights), mixture_log_probs(logits, weights, T)
-    seen_note = {True: " (seen in training)", None: " (maybe seen in training)", False: ""}[seen]
-    where = f"{data} training images [{held_out[0]}, {held_out[1]}) of the fixed shuffle{seen_note}"
-    report = {
-        "temperature": T,
-        "nll": float(F.nll_loss(before, labels)),
-        "nll_calibrated": float(F.nll_loss(after, labels)),
-        "ece": expected_calibration_error(before.exp(), labels),
-        "ece_calibrated": expected_calibration_error(after.exp(), labels),
-        "images": len(labels),
-    }
-    detector = None
-    if ood is not None:
-        _, fit_features, _, fit_labels = run(fit, None, "OOD statistics")
-        stats = fit_statistics(ood, fit_features[0], fit_labels, net.config.num_classes)
-        probs = (after if store_temperature else before).exp()  # what predict() will return
-        scores = ood_scores(ood, probs=probs, logits=logits, features=features, statistics=stats)
-        threshold = threshold_for(scores, keep)
-        fitted_on = f"statistics of {data} training images [{fit[0]}, {fit[1]}), threshold on {where}"
-        detector = OODDetector(ood, threshold, keep, stats, fitted_on)
-        report["threshold"] = threshold
+    try:
+        logits, features, weights, labels = run(held_out, tta, "held-out images")
+        T = fit_temperature(logits, weights, labels)
+        before, after = mixture_log_probs(logits, weights), mixture_log_probs(logits, weights, T)
+        report = {
+            "temperature": T,
+            "nll": float(F.nll_loss(before, labels)),
+            "nll_calibrated": float(F.nll_loss(after, labels)),
+            "ece": expected_calibration_error(before.exp(), labels),
+            "ece_calibrated": expected_calibration_error(after.exp(), labels),
+            "images": len(labels),
+        }
+        detector = None
+        if ood is not None:
+            _, fit_features, _, fit_labels = run(fit, None, "OOD statistics")
+            stats = fit_statistics(ood, fit_features[0], fit_labels, net.config.num_classes)
+            probs = (after if store_temperature else before).exp()  # what predict() will return
+            scores = ood_scores(ood, probs=probs, logits=logits, features=features, statistics=stats)
+            threshold = threshold_for(scores, keep)
+            detector = OODDetector(
+                ood, threshold, keep, stats, f"statistics of {fit_name}, threshold on {held_out_name}"
+            )
+            report["threshold"] = threshold
+    finally:
+        net.train(was_training)
+        net.calibration = kept_calibration
     views = f"{tta} views of " if tta else ""
     if store_temperature:
-        return Calibration(T, tta, f"{views}{where}", detector), report
-    fitted_on = f"no temperature: fitted on {views}{where}, it was {T:.4g}, not stored"
+        return Calibration(T, tta, f"{views}{held_out_name}", detector), report
+    fitted_on = f"no temperature: fitted on {views}{held_out_name}, it was {T:.4g}, not stored"
     return Calibration(None, tta, fitted_on, detector), report
 
 

@@ -289,6 +289,14 @@ def render_model_card(
         history = [r[key] for r in metrics if _is_number(r.get(key))] if key else []
         if len(history) > 1 and max(history) != row[key]:
             lines.append(f"\nBest {key} during training: {_fmt(max(history))}.")
+        last = metrics[-1]
+        if last.get("stopped") == "asked":  # vit_core.progress.Hooks.should_stop: a cancelled run
+            lines.append(
+                f"\n**Incomplete**: the training was cancelled in epoch {last.get('epoch')}, after {last.get('steps')} "
+                "of its steps, before its schedule ended."
+            )
+        elif last.get("stopped") == "budget":
+            lines.append(f"\nThe training ended when its time budget was spent, in epoch {last.get('epoch')}.")
         parts.append("\n".join(lines) + "\n")
     reliability = [i for i in images or [] if Path(i).name.startswith("reliability_")]
     if classifier and (calibration or evals):

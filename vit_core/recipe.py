@@ -46,6 +46,12 @@ class Recipe:
     eval_subset: int | None = None  # evaluate on this many test images (fixed shuffle); None: all
     # only these of the data's classes, labelled in this order (after the subsets): open-set experiments
     classes: list[str] | None = None
+    # hold out this share of the training images (per class, a fixed shuffle: data.stratified_split) as the
+    # test set: for a folder of labelled photos without a val/ split; the held-out images also calibrate
+    val_fraction: float | None = None
+    # decode a folder's images once, into memory, at the model's input size (before its crop): batches are then
+    # cut and augmented on the device, as CIFAR's are (vit_core.data.decode_all; for up to a few thousand images)
+    in_memory: bool = False
     augment: dict[str, Any] = field(default_factory=dict)  # vit_core.data.AUGMENT_DEFAULTS keys
     mixup: float = 0.0  # Mixup alpha; 0: off
     cutmix: float = 0.0  # CutMix alpha; 0: off
@@ -79,6 +85,13 @@ class Recipe:
     lookahead: bool = False  # airbench's lookahead every 5 steps (builders.Lookahead); the model ends as its average
     grad_clip: float | None = None  # max global gradient norm
     ema_decay: float | None = None  # model EMA (timm ModelEmaV3), e.g. 0.9998; exported instead of the raw model
+    # modules (names as in model.named_modules(), e.g. "patch_embed.backbone", "blocks.0") kept as loaded: no
+    # gradient, and in eval mode (BatchNorm keeps its statistics)
+    freeze: list[str] = field(default_factory=list)
+    # a wall-clock budget for the training (evaluations included): the schedule runs on the clock, each step
+    # taking it as far as the steps done or the time spent say, whichever is further, and the run stops,
+    # annealed, when the budget is spent; ``epochs`` is then the most it may run
+    budget_minutes: float | None = None
     seed: int = 0
     # --- how to run it (these may change when resuming)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -177,6 +190,14 @@ class Recipe:
                 f"warmup_epochs ({self.warmup_epochs:g}) must be less than epochs ({self.epochs}); "
                 "shorten it, e.g. --set warmup_epochs=0"
             )
+        if self.val_fraction is not None and not 0 < self.val_fraction < 1:
+            problems.append(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.val_fraction is not None and self.eval_subset is not None:
+            problems.append("val_fraction holds the test images out of the training split; eval_subset does not apply")
+        if self.budget_minutes is not None and self.budget_minutes <= 0:
+            problems.append(f"budget_minutes must be > 0, got {self.budget_minutes}")
+        if not all(isinstance(m, str) for m in self.freeze):
+            problems.append(f"freeze must be a list of module names, got {self.freeze}")
         if self.micro_batch is not None and self.micro_batch < 1:
             problems.append(f"micro_batch must be >= 1, got {self.micro_batch}")
         if self.bn_momentum is not None and not 0 < self.bn_momentum <= 1:

@@ -37,8 +37,15 @@ and RandomErasing from Python's ``random`` (RandAugment also numpy's, erasing no
 for a reproducible run; DataLoader workers are seeded by torch.
 """
 
-from .batches import Batches, class_subset, fixed_subset
-from .datasets import HFImageDataset, ImageFolderDataset, InMemoryImageDataset, build_dataset, default_data_root
+from .batches import Batches, class_subset, fixed_subset, index_subset, stratified_split, with_transform
+from .datasets import (
+    HFImageDataset,
+    ImageFolderDataset,
+    InMemoryImageDataset,
+    build_dataset,
+    decode_all,
+    default_data_root,
+)
 from .images import (
     ImageDataError,
     ImageHeader,
@@ -48,7 +55,14 @@ from .images import (
     read_header,
     to_model_mode,
 )
-from .transforms import AUGMENT_DEFAULTS, ImageTransform, build_mixup, build_transform, check_augment
+from .transforms import (
+    AUGMENT_DEFAULTS,
+    ImageTransform,
+    build_mixup,
+    build_transform,
+    check_augment,
+    storage_transform,
+)
 
 __all__ = [
     "AUGMENT_DEFAULTS",
@@ -65,10 +79,15 @@ __all__ = [
     "build_transform",
     "check_augment",
     "class_subset",
+    "decode_all",
     "default_data_root",
     "fixed_subset",
+    "index_subset",
     "load_image",
     "match_channels",
     "read_header",
+    "storage_transform",
+    "stratified_split",
     "to_model_mode",
+    "with_transform",
 ]

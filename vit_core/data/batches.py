@@ -8,7 +8,7 @@ Both paths see the same images in the same order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
@@ -26,12 +26,36 @@ def fixed_subset(dataset: Dataset, spec: int | list[int] | None) -> Dataset:
     start, stop = (0, spec) if isinstance(spec, int) else spec
     if stop > len(dataset):
         raise ImageDataError(f"subset up to {stop} images, but the dataset has only {len(dataset)}")
-    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[start:stop]
+    return index_subset(dataset, torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[start:stop])
+
+
+def index_subset(dataset: Dataset, idx: torch.Tensor) -> Dataset:
+    """The images of ``dataset`` at ``idx``, with its ``classes``, ``targets`` and ``transform``."""
     if isinstance(dataset, InMemoryImageDataset):
         return dataset.subset(idx)
     sub = Subset(dataset, idx.tolist())
     sub.classes, sub.targets, sub.transform = dataset.classes, dataset.targets[idx], dataset.transform
     return sub
+
+
+def with_transform(dataset: InMemoryImageDataset, transform: Callable | None) -> InMemoryImageDataset:
+    """The same images in memory (not copied), seen through another transform: a training and a test view."""
+    return InMemoryImageDataset(dataset.images, dataset.targets, dataset.classes, transform)
+
+
+def stratified_split(targets: torch.Tensor, fraction: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, held out): indices of ``targets`` with ``fraction`` of each class's images held out (rounded, at
+    least one of a class with two or more), drawn by one permutation per class seeded with ``seed``, so that
+    every recipe holds out the same images. Both in ascending order."""
+    kept, held = [], []
+    g = torch.Generator().manual_seed(seed)
+    for c in torch.unique(targets):
+        idx = (targets == c).nonzero().flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        n = min(len(idx) - 1, max(1, round(fraction * len(idx)))) if len(idx) > 1 else 0
+        held.append(idx[:n])
+        kept.append(idx[n:])
+    return torch.cat(kept).sort().values, torch.cat(held).sort().values
 
 
 def class_subset(dataset: Dataset, classes: list[str] | None) -> Dataset:

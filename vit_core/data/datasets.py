@@ -16,9 +16,11 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 from torch.utils.data import Dataset
+from tqdm.auto import tqdm
 
 from .downloads import fetch
 from .images import ImageDataError, load_image
+from .transforms import storage_transform
 
 PROJECT_DATA = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").resolve()
 
@@ -152,6 +154,21 @@ class HFImageDataset(Dataset):
             raise ImageDataError(f"hf:{self.name} item {i}: {e}") from e
         x = self.transform(img) if self.transform else TF.pil_to_tensor(img.convert("RGB"))
         return x, int(row[self.label_key])
+
+
+def decode_all(
+    spec: str, split: str, pretrained_cfg: dict[str, Any], prepare: Callable[[Dataset], Dataset] = lambda d: d
+) -> InMemoryImageDataset:
+    """``build_dataset(spec, split)`` held in memory, without a transform: a folder's images are decoded once, each
+    resized as the eval transform of ``pretrained_cfg`` resizes it, stopped before the crop
+    (``storage_transform``), so that training batches are cut and augmented on the device and evaluating them
+    sees the pixels the original images give. ``prepare``: what to do to the dataset before decoding (the
+    recipe's subsets), so that only the images kept are decoded. The in-memory formats are returned as they are."""
+    dataset = prepare(build_dataset(spec, split, transform=storage_transform(pretrained_cfg)))
+    if isinstance(dataset, InMemoryImageDataset):
+        return InMemoryImageDataset(dataset.images, dataset.targets, dataset.classes)
+    images = [dataset[i][0] for i in tqdm(range(len(dataset)), desc=f"decoding {split} images", leave=False)]
+    return InMemoryImageDataset(torch.stack(images), torch.as_tensor(dataset.targets), list(dataset.classes))
 
 
 def build_dataset(spec: str, split: str, transform: Callable | None = None, root: str | Path | None = None) -> Dataset:

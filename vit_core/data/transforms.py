@@ -167,6 +167,25 @@ class ImageTransform:
         )
 
 
+def storage_transform(pretrained_cfg: dict[str, Any]) -> Callable[[Image.Image | torch.Tensor], torch.Tensor]:
+    """PIL image (or uint8 (C, H, W) tensor) -> uint8 (C, S, S): the eval transform's resize, stopped before its
+    crop (S = input size / crop_pct, so the eval transform of the result crops without resizing again: the same
+    pixels as from the original image). What ``decode_all`` keeps of each image of a folder in memory."""
+    tf = build_transform(pretrained_cfg)
+    store = tuple(math.floor(s / tf.crop_pct) for s in tf.size)
+
+    def to_stored(img: Image.Image | torch.Tensor) -> torch.Tensor:
+        img = (
+            to_model_mode(img, tf.in_chans)
+            if isinstance(img, Image.Image)
+            else match_channels(img[None], tf.in_chans)[0]
+        )
+        img = _resize_center_crop(img, store, 1.0, tf.interpolation, tf.crop_mode == "squash")
+        return TF.pil_to_tensor(img) if isinstance(img, Image.Image) else img
+
+    return to_stored
+
+
 def check_augment(augment: dict[str, Any] | None) -> dict[str, Any]:
     """``augment`` over ``AUGMENT_DEFAULTS``, checked: a ``ValueError`` names every unknown key and every
     value of the wrong type or out of range. ``crop`` and ``padding`` may stay None (they follow the
