@@ -3,7 +3,9 @@
 Uploads are untrusted. Archives are read in memory, never extracted: member paths are only names, so
 ``../`` entries cannot write anywhere. An archive's entry count and directory size are read from its
 end-of-central-directory record first, so a zip declaring a million entries is refused without reading its
-directory. Only members with an image suffix are read; the number of images and the bytes read are capped
+directory; the archives of one batch share one budget of entries and directory bytes, and a file listed twice
+is read once, so one request parses at most one full-size directory (a zip listed 200 times held the only
+compute slot for 142 s). Only members with an image suffix are read; the number of images and the bytes read are capped
 from the archive's directory *and* while reading (a member that inflates past its declared size is cut off
 and refused), so a zip bomb costs at most ``MAX_TOTAL_BYTES``.
 
@@ -42,8 +44,9 @@ from .settings import Settings
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff"}
 MAX_IMAGES = 64  # images per batch, across all files and archives
-MAX_MEMBERS = 10_000  # entries in one archive's directory; more is refused unread
-MAX_DIRECTORY_BYTES = 8 << 20  # one archive's central directory (about 300 bytes an entry at most)
+MAX_FILES = 256  # files in one request (``webapp.payloads`` refuses more before Gradio touches them)
+MAX_MEMBERS = 10_000  # archive entries per batch, all archives together; more is refused unread
+MAX_DIRECTORY_BYTES = 8 << 20  # archive directories per batch, together (about 300 bytes an entry at most)
 MAX_IMAGE_BYTES = 32 << 20  # one image, compressed size
 MAX_TOTAL_BYTES = 256 << 20  # all images of a batch, as read
 MAX_DECODED_PIXELS = 400_000_000  # pixels decoded per batch: eight 50 MP PNGs, or hundreds of reduced JPEGs
@@ -95,21 +98,24 @@ def zip_directory(path: Path) -> tuple[int, int] | None:
         return (entries, directory) if sig == b"PK\x06\x06" else None
 
 
-def _read_zip(path: Path, budget: list[int], room: list[int]) -> Iterator[tuple[Item, bytes | None]]:
+def _read_zip(path: Path, budget: list[int], room: list[int], parse: list[int]) -> Iterator[tuple[Item, bytes | None]]:
     """Image members of the archive at ``path``, one at a time: at most ``room[0]`` of them, their bytes
-    charged to ``budget[0]``."""
+    charged to ``budget[0]``; its directory's entries and bytes charged to ``parse`` (what is left of
+    ``MAX_MEMBERS`` and ``MAX_DIRECTORY_BYTES`` for the whole batch) before it is read."""
     declared = zip_directory(path)
-    if declared is not None and (declared[0] > MAX_MEMBERS or declared[1] > MAX_DIRECTORY_BYTES):
+    if declared is not None and (declared[0] > parse[0] or declared[1] > parse[1]):
         entries, directory = declared
         yield (
             Item(
                 path.name,
-                f"refused unread: {entries:,} entries, a {directory:,}-byte directory (at most "
-                f"{MAX_MEMBERS:,} entries)",
+                f"refused unread: {entries:,} entries, a {directory:,}-byte directory (a batch reads at most "
+                f"{MAX_MEMBERS:,} entries and {MAX_DIRECTORY_BYTES >> 20} MB of directories)",
             ),
             None,
         )
         return
+    if declared is not None:
+        parse[1] -= declared[1]  # what zipfile reads and parses: the directory the end record declares
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as e:
@@ -117,9 +123,11 @@ def _read_zip(path: Path, budget: list[int], room: list[int]) -> Iterator[tuple[
         return
     with zf:
         members = zf.infolist()
-        if len(members) > MAX_MEMBERS:  # a directory that disagrees with its end record
-            yield Item(path.name, error=f"refused: {len(members)} entries (at most {MAX_MEMBERS})"), None
+        if len(members) > parse[0]:  # a directory that disagrees with its end record
+            yield Item(path.name, error=f"refused: {len(members)} entries (at most {MAX_MEMBERS} a batch)"), None
+            parse[0] = 0
             return
+        parse[0] -= len(members)
         for info in members:
             name = PurePosixPath(info.filename).name
             if info.is_dir() or PurePosixPath(name).suffix.lower() not in IMAGE_SUFFIXES or name.startswith("."):
@@ -156,10 +164,15 @@ def read_uploads(paths: list[str]) -> Iterator[tuple[Item, bytes | None]]:
 
 
 def _read_uploads(paths: list[Path]) -> Iterator[tuple[Item, bytes | None]]:
-    budget, room = [MAX_TOTAL_BYTES], [MAX_IMAGES]
+    budget, room, parse = [MAX_TOTAL_BYTES], [MAX_IMAGES], [MAX_MEMBERS, MAX_DIRECTORY_BYTES]
+    seen: set[str] = set()
     for p in paths:
+        if str(p.resolve()) in seen:  # one file listed again (an archive 200 times) is read once
+            yield Item(p.name, error="skipped: the same file again"), None
+            continue
+        seen.add(str(p.resolve()))
         if zipfile.is_zipfile(p):
-            yield from _read_zip(p, budget, room)
+            yield from _read_zip(p, budget, room, parse)
         elif room[0] == 0:
             yield Item(p.name, error=f"skipped: a batch holds at most {MAX_IMAGES} images"), None
         elif p.stat().st_size > min(MAX_IMAGE_BYTES, budget[0]):
@@ -266,6 +279,12 @@ def batchable() -> list[methods.Method]:
     return [m for m in methods.METHODS if m.batchable]
 
 
+def _cell(text: str) -> str:
+    """A text cell a spreadsheet will not run: OWASP's rule for CSV injection, a cell starting with
+    ``= + - @``, a tab or a carriage return gets a leading single quote (a file named ``@SUM(1+1).png``)."""
+    return "'" + text if text.startswith(("=", "+", "-", "@", "\t", "\r")) else text
+
+
 def write_csv(items: list[Item], names: list[str], top_k: int) -> Path:
     """A CSV with one row per upload: the verdict, whether it is unsure, the "none of my classes" decision and
     score (empty for a model without a detector), the top-k classes and probabilities, or the error. Written to
@@ -285,11 +304,13 @@ def write_csv(items: list[Item], names: list[str], top_k: int) -> Path:
         for item in items:
             p = item.probs
             if p is None:
-                w.writerow([item.name, "", "", "", "", *[""] * (2 * k), item.error])
+                w.writerow([_cell(item.name), "", "", "", "", *[""] * (2 * k), _cell(item.error or "")])
                 continue
             top = p.topk(k)
-            cells = [v for pr, i in zip(top.values, top.indices, strict=True) for v in (names[i], f"{float(pr):.4f}")]
+            cells = [
+                v for pr, i in zip(top.values, top.indices, strict=True) for v in (_cell(names[i]), f"{float(pr):.4f}")
+            ]
             ood = ["", ""] if item.is_ood is None else [item.is_ood, f"{item.ood_score:.4g}"]
             unsure = float(top.values[0]) < UNSURE_BELOW
-            w.writerow([item.name, verdict(p, names, item.is_ood), unsure, *ood, *cells, ""])
+            w.writerow([_cell(item.name), _cell(verdict(p, names, item.is_ood)), unsure, *ood, *cells, ""])
     return path
