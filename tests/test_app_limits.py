@@ -80,10 +80,10 @@ def test_bodies_are_refused_while_they_stream(space):
     """A 300 MB body declared in Content-Length is refused before a byte of it is read; a chunked one at its
     first megabyte; neither reaches the JSON parser, and the server's memory does not move."""
     before = space.rss_mb
-    with socket.create_connection(("127.0.0.1", space.port)) as s:
+    with socket.create_connection(("127.0.0.1", space.port), timeout=30) as s:  # no answer: a timeout, failed
         head = "POST /gradio_api/queue/join HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         s.sendall(f"{head}Content-Length: {300 << 20}\r\n\r\n".encode() + b'{"pad":"xxxx')
-        answer = s.recv(4096).decode()
+        answer = b"".join(iter(lambda: s.recv(4096), b"")).decode()  # until the server closes the connection
     assert answer.startswith("HTTP/1.1 413") and "at most 1,048,576 bytes" in answer
 
     def chunks() -> Iterator[bytes]:
@@ -154,7 +154,7 @@ def test_cut_off_uploads_leave_no_files(space):
         "Content-Type: image/png\r\n\r\n"
     ).encode()
     for sent in (0, 5 << 20):
-        with socket.create_connection(("127.0.0.1", space.port)) as s:
+        with socket.create_connection(("127.0.0.1", space.port), timeout=30) as s:
             s.sendall(
                 f"POST /gradio_api/upload HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
                 f"boundary={boundary}\r\nContent-Length: {len(head) + (20 << 20)}\r\n\r\n".encode()
