@@ -226,6 +226,7 @@ def test_one_batch_parses_at_most_one_directory_and_its_csv_runs_no_formula(spac
     assert errors.count("skipped: the same file again") == 199
     assert errors[1].startswith("refused: 150000 entries") and errors[-1].startswith("refused unread")
     assert rows[1][0] == "'@SUM(1+1).png"  # a text cell, not a formula
+    assert list((space.tmp / "gradio").glob("tmp*")) == []  # Gradio's gr.File left an empty file for each of the 202
 
 
 def test_a_listed_only_picker_never_touches_the_disk(monkeypatch):
