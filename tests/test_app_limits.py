@@ -123,7 +123,7 @@ def test_each_refusal_is_one_line_and_a_sentence(space):
         "layer=true": (_classify(space, layer=True), "expected a number, got True"),
         "layer='abc'": (_classify(space, layer="abc"), "expected a number, got 'abc'"),
         "opacity=None": (_classify(space, opacity=None), "expected a number, got None"),
-        "opacity=7": (_classify(space, opacity=7), "above the greatest value, 1"),
+        "opacity=7": (_classify(space, opacity=7), "greater than maximum value 1"),
         "model_choice=123": (_classify(space, model_choice=123), "expected a choice (text), got 123"),
         "/etc/passwd": (_classify(space, image={"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}),
                         "was not uploaded to this server"),

@@ -128,10 +128,10 @@ def _number(block: Any, value: Any) -> str | None:
     if getattr(block, "precision", None) == 0 and value != int(value):
         return f"expected a whole number, got {quote(value)}"
     low, high = getattr(block, "minimum", None), getattr(block, "maximum", None)
-    if low is not None and value < low:
-        return f"{quote(value)} is below the least value, {low:g}"
+    if low is not None and value < low:  # Gradio's own words
+        return f"{quote(value)} is less than minimum value {low:g}"
     if high is not None and value > high:
-        return f"{quote(value)} is above the greatest value, {high:g}"
+        return f"{quote(value)} is greater than maximum value {high:g}"
     return None
 
 
