@@ -21,17 +21,22 @@ except ImportError:
 
 import argparse
 import socket
+from pathlib import Path
 
 import gradio as gr
 import torch
 from fastapi.middleware import Middleware
+from gradio.utils import get_upload_folder
 
+from webapp import payloads, tempfiles
 from webapp.admission import DEFAULT_SHARE, MB, Gate
 from webapp.archives import MAX_TOTAL_BYTES
+from webapp.bodies import MAX_JSON_BYTES, BodyLimits
 from webapp.memory import limit_arenas
 from webapp.models import Models
 from webapp.options import ALL_INTERFACES, Options, add_arguments, configure, serving_host
 from webapp.queueing import ClientLimits, UploadLimits
+from webapp.sessions import Sessions
 from webapp.tabs import batch, classify, compare, explore, inspect
 from webapp.ui import picker
 from webapp.ui.context import Context
@@ -144,12 +149,22 @@ def main() -> None:
     if min(args.concurrency, args.max_file_mb, args.per_client, args.max_memory or 1) < 1 or args.max_wait < 0:
         raise SystemExit("--concurrency, --max-memory, --max-file-mb and --per-client must be >= 1, --max-wait >= 0")
     limit_arenas()
-    ctx = setup(args.model, args.device, args.threads, configure(args))
+    options = configure(args)
+    if options.public:  # what a dead process left (its lock tells a live one apart); see webapp.tempfiles
+        tempfiles.sweep([Path(get_upload_folder()), batch.OUT_DIR])
+    tempfiles.remove_partial_uploads()
+    ctx = setup(args.model, args.device, args.threads, options)
     ctx.gate = Gate(None if args.max_memory is None else args.max_memory * MB, args.max_wait)
     demo = build_ui(ctx)
     demo.queue(default_concurrency_limit=args.concurrency, max_size=QUEUE_SIZE)
     ClientLimits(args.per_client, 2 * args.per_client).install(demo)
-    print(f"memory budget {ctx.gate.max_memory / MB:,.0f} MB, uploads at most {args.max_file_mb} MB", flush=True)
+    payloads.install(demo, options.public)
+    sessions = Sessions()
+    print(
+        f"memory budget {ctx.gate.max_memory / MB:,.0f} MB, uploads at most {args.max_file_mb} MB, "
+        f"other request bodies {MAX_JSON_BYTES / MB:g} MB, sessions {sessions.max_sessions:,}",
+        flush=True,
+    )
     upload_limit = max(args.max_file_mb * MB, MAX_TOTAL_BYTES)  # one upload, all its files
     host = serving_host(args)
     # no monitoring: the API page would show its per-endpoint latencies, which say nothing useful to visitors
@@ -159,10 +174,11 @@ def main() -> None:
         share=args.share,
         css=CSS,
         max_file_size=args.max_file_mb * MB,
-        app_kwargs={"middleware": [Middleware(UploadLimits, max_bytes=upload_limit)]},
+        app_kwargs={"middleware": [Middleware(BodyLimits), Middleware(UploadLimits, max_bytes=upload_limit)]},
         enable_monitoring=False,
         prevent_thread_lock=True,
     )
+    sessions.install(demo, ctx.gate)
     if host == ALL_INTERFACES:
         print(f"* Serving on all interfaces: http://{_address()}:{demo.server_port}/ from other machines")
     demo.block_thread()

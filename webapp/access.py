@@ -4,7 +4,8 @@ Every spelling of one checkpoint gets one key, so the cache holds one copy: loca
 path (``d``, ``d/``, ``d/.``, ``./d``, symlinks), Hub repos by repo and revision (``org/m``, ``hf-hub:org/m``,
 ``org/m@main``). Web users pick from the operator's list; free text (any folder or Hub id) only when the
 operator allows it. Files under Gradio's upload folders are never models: an upload's server path is
-known to whoever uploaded it. Refusals never say whether a path exists.
+known to whoever uploaded it. Refusals never say whether a path exists, and where web users choose only from
+the list, a value not in it is refused from its text alone: nothing is looked up on the disk.
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ def parse(text: str) -> Choice | None:
     if exists:
         real = os.path.realpath(path)
         return Choice(text, text, real, None, f"local:{real}")
+    return _hub(text)
+
+
+def _hub(text: str) -> Choice | None:
+    """The Hub checkpoint ``text`` names, read from the text alone, or None."""
     m = HUB_ID.fullmatch(text)
     if m is None:
         return None
@@ -142,14 +148,20 @@ class Access:
         for choice in self.listed:
             if text in (choice.value, choice.label):
                 return choice
+        if not self.allow_any:
+            # Only the list: a listed Hub checkpoint spelled otherwise ("hf-hub:org/m@main") is known from the
+            # text; nothing else is looked up, on the disk or elsewhere (no stat of "~root/.ssh").
+            hub = _hub(text)
+            listed = next((c for c in self.listed if hub is not None and c.key == hub.key), None)
+            if listed is None:
+                raise ModelError(NOT_SERVED)
+            return listed
         if is_upload(text):
-            raise ModelError(UPLOADED if self.allow_any else NOT_SERVED)
+            raise ModelError(UPLOADED)
         parsed = parse(text)
         listed = next((c for c in self.listed if parsed is not None and c.key == parsed.key), None)
         if listed is not None:
             return listed
-        if not self.allow_any:
-            raise ModelError(NOT_SERVED)
         if (parsed is None or not parsed.local) and _looks_local(text):
             raise ModelError(f"No such folder: {quote(text)}.")
         if parsed is None:

@@ -9,7 +9,8 @@ fill the queue (100 requests from one client: the next person was refused, or wa
   ``--concurrency`` requests compute at once across the whole server.
 - **One memory budget** (``Gate``). Each request's peak memory is estimated before it runs (``Costs``, from
   the image's header and the model's config, nothing decoded) and it is admitted only when it fits:
-  ``base + running + cost <= --max-memory``, where ``running`` sums the estimates of the requests computing
+  ``base + reserved + running + cost <= --max-memory`` (``reserved``: the room Gradio's sessions may still
+  take, ``webapp.sessions``), where ``running`` sums the estimates of the requests computing
   and ``base`` is the RSS without them (``max(RSS when last idle, RSS now - running)``). Otherwise it waits
   up to ``--max-wait`` seconds for requests to finish, then hears "busy, try again in N s"; one that could
   never fit is refused at once. After a request estimated at ``TRIM_ABOVE`` or more, the freed memory is
@@ -108,6 +109,7 @@ class Gate:
         self._seconds = 1.0  # moving average of how long a request computes
         self._idle = threading.Event()  # set when the server goes idle after a large request
         self._collector: threading.Thread | None = None  # started at the first large request
+        self.reserved: Callable[[], int] = lambda: 0  # memory kept for what is not a request (sessions to come)
 
     def admit(self, fn: Callable, cost: Callable[[dict[str, Any]], int]) -> Callable:
         """``fn`` (a Gradio listener) behind the gate: ``cost`` gets its arguments by name and returns its
@@ -137,21 +139,21 @@ class Gate:
 
     def _acquire(self, cost: int) -> None:
         with self._cond:
-            if self._idle_rss + cost > self.max_memory:
+            if self._idle_rss + self.reserved() + cost > self.max_memory:
                 log.info(
                     "refused: %.0f MB asked, %.0f MB idle, budget %.0f MB",
                     cost / MB,
                     self._idle_rss / MB,
                     self.max_memory / MB,
                 )
+                room = max(0, self.max_memory - self._idle_rss - self.reserved())
                 raise Busy(
                     f"This request needs about {cost / MB:,.0f} MB of memory, more than this server has for "
-                    f"one request ({max(0, self.max_memory - self._idle_rss) / MB:,.0f} MB); send a smaller "
-                    "image or fewer at once.",
+                    f"one request ({room / MB:,.0f} MB); send a smaller image or fewer at once.",
                     print_exception=False,
                 )
             deadline = time.monotonic() + self.max_wait
-            while self._base() + self._running + cost > self.max_memory:
+            while self._base() + self.reserved() + self._running + cost > self.max_memory:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     retry = max(1, math.ceil(self._seconds * self._count))

@@ -3,7 +3,9 @@
 Uploads are untrusted. Archives are read in memory, never extracted: member paths are only names, so
 ``../`` entries cannot write anywhere. An archive's entry count and directory size are read from its
 end-of-central-directory record first, so a zip declaring a million entries is refused without reading its
-directory. Only members with an image suffix are read; the number of images and the bytes read are capped
+directory; the archives of one batch share one budget of entries and directory bytes, and a file listed twice
+is read once, so one request parses at most one full-size directory (a zip listed 200 times held the only
+compute slot for 142 s). Only members with an image suffix are read; the number of images and the bytes read are capped
 from the archive's directory *and* while reading (a member that inflates past its declared size is cut off
 and refused), so a zip bomb costs at most ``MAX_TOTAL_BYTES``.
 """
@@ -20,8 +22,9 @@ import torch
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff"}
 MAX_IMAGES = 64  # images per batch, across all files and archives
-MAX_MEMBERS = 10_000  # entries in one archive's directory; more is refused unread
-MAX_DIRECTORY_BYTES = 8 << 20  # one archive's central directory (about 300 bytes an entry at most)
+MAX_FILES = 256  # files in one request (``webapp.payloads`` refuses more before Gradio touches them)
+MAX_MEMBERS = 10_000  # archive entries per batch, all archives together; more is refused unread
+MAX_DIRECTORY_BYTES = 8 << 20  # archive directories per batch, together (about 300 bytes an entry at most)
 MAX_IMAGE_BYTES = 32 << 20  # one image, compressed size
 MAX_TOTAL_BYTES = 256 << 20  # all images of a batch, as read
 _EOCD = struct.Struct("<4s4H2LH")  # end of central directory record
@@ -67,21 +70,24 @@ def zip_directory(path: Path) -> tuple[int, int] | None:
         return (entries, directory) if sig == b"PK\x06\x06" else None
 
 
-def _read_zip(path: Path, budget: list[int], room: list[int]) -> Iterator[tuple[Item, bytes | None]]:
+def _read_zip(path: Path, budget: list[int], room: list[int], parse: list[int]) -> Iterator[tuple[Item, bytes | None]]:
     """Image members of the archive at ``path``, one at a time: at most ``room[0]`` of them, their bytes
-    charged to ``budget[0]``."""
+    charged to ``budget[0]``; its directory's entries and bytes charged to ``parse`` (what is left of
+    ``MAX_MEMBERS`` and ``MAX_DIRECTORY_BYTES`` for the whole batch) before it is read."""
     declared = zip_directory(path)
-    if declared is not None and (declared[0] > MAX_MEMBERS or declared[1] > MAX_DIRECTORY_BYTES):
+    if declared is not None and (declared[0] > parse[0] or declared[1] > parse[1]):
         entries, directory = declared
         yield (
             Item(
                 path.name,
-                f"refused unread: {entries:,} entries, a {directory:,}-byte directory (at most "
-                f"{MAX_MEMBERS:,} entries)",
+                f"refused unread: {entries:,} entries, a {directory:,}-byte directory (a batch reads at most "
+                f"{MAX_MEMBERS:,} entries and {MAX_DIRECTORY_BYTES >> 20} MB of directories)",
             ),
             None,
         )
         return
+    if declared is not None:
+        parse[1] -= declared[1]  # what zipfile reads and parses: the directory the end record declares
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as e:
@@ -89,9 +95,11 @@ def _read_zip(path: Path, budget: list[int], room: list[int]) -> Iterator[tuple[
         return
     with zf:
         members = zf.infolist()
-        if len(members) > MAX_MEMBERS:  # a directory that disagrees with its end record
-            yield Item(path.name, error=f"refused: {len(members)} entries (at most {MAX_MEMBERS})"), None
+        if len(members) > parse[0]:  # a directory that disagrees with its end record
+            yield Item(path.name, error=f"refused: {len(members)} entries (at most {MAX_MEMBERS} a batch)"), None
+            parse[0] = 0
             return
+        parse[0] -= len(members)
         for info in members:
             name = PurePosixPath(info.filename).name
             if info.is_dir() or PurePosixPath(name).suffix.lower() not in IMAGE_SUFFIXES or name.startswith("."):
@@ -128,10 +136,15 @@ def read_uploads(paths: list[str]) -> Iterator[tuple[Item, bytes | None]]:
 
 
 def _read_uploads(paths: list[Path]) -> Iterator[tuple[Item, bytes | None]]:
-    budget, room = [MAX_TOTAL_BYTES], [MAX_IMAGES]
+    budget, room, parse = [MAX_TOTAL_BYTES], [MAX_IMAGES], [MAX_MEMBERS, MAX_DIRECTORY_BYTES]
+    seen: set[str] = set()
     for p in paths:
+        if str(p.resolve()) in seen:  # one file listed again (an archive 200 times) is read once
+            yield Item(p.name, error="skipped: the same file again"), None
+            continue
+        seen.add(str(p.resolve()))
         if zipfile.is_zipfile(p):
-            yield from _read_zip(p, budget, room)
+            yield from _read_zip(p, budget, room, parse)
         elif room[0] == 0:
             yield Item(p.name, error=f"skipped: a batch holds at most {MAX_IMAGES} images"), None
         elif p.stat().st_size > min(MAX_IMAGE_BYTES, budget[0]):

@@ -31,12 +31,22 @@ MIN_FREE_DISK = 1 << 30  # uploads that would leave less free on their disk are 
 # ------------------------------------------------------------------------------------- fair queueing
 
 
+def proxy_hops() -> int:
+    """How many proxies in front of the app append to ``X-Forwarded-For``: ``FORWARDED_HOPS``, else 1 on a
+    Space (Hugging Face's proxy) and 0 elsewhere (the header is then ignored: anyone can send it)."""
+    hops = os.environ.get("FORWARDED_HOPS", "")
+    return int(hops) if hops.isdigit() else (1 if os.environ.get("SPACE_ID") else 0)
+
+
 def client_ip(request: Any) -> str:
-    """The address a request came from. On a Space the app sits behind Hugging Face's proxy, whose own address
-    every request shares: there the client's is the first of ``X-Forwarded-For``."""
-    forwarded = request.headers.get("x-forwarded-for") if os.environ.get("SPACE_ID") else None
-    if forwarded:
-        return forwarded.split(",")[0].strip()
+    """The address a request came from. Behind proxies (a Space: Hugging Face's, whose own address every request
+    shares) it is the address the outermost trusted proxy appended to ``X-Forwarded-For``: the ``proxy_hops()``-th
+    from the right. Entries left of it are whatever the client sent, so the left-most is never trusted."""
+    hops = proxy_hops()
+    forwarded = request.headers.get("x-forwarded-for", "") if hops else ""
+    hops_seen = [h.strip() for h in forwarded.split(",") if h.strip()]
+    if hops and len(hops_seen) >= hops:
+        return hops_seen[-hops]
     return request.client.host if request.client is not None else "unknown"
 
 

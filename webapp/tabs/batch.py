@@ -267,6 +267,12 @@ def _classify_chunk(
     return gallery
 
 
+def _cell(text: str) -> str:
+    """A text cell a spreadsheet will not run: OWASP's rule for CSV injection, a cell starting with
+    ``= + - @``, a tab or a carriage return gets a leading single quote (a file named ``@SUM(1+1).png``)."""
+    return "'" + text if text.startswith(("=", "+", "-", "@", "\t", "\r")) else text
+
+
 def write_csv(items: list[Item], names: list[str], top_k: int) -> Path:
     """A CSV with one row per upload: the verdict, whether it is unsure, the "none of my classes" decision and
     score (empty for a model without a detector), the top-k classes and probabilities, or the error. Written to
@@ -286,11 +292,13 @@ def write_csv(items: list[Item], names: list[str], top_k: int) -> Path:
         for item in items:
             p = item.probs
             if p is None:
-                w.writerow([item.name, "", "", "", "", *[""] * (2 * k), item.error])
+                w.writerow([_cell(item.name), "", "", "", "", *[""] * (2 * k), _cell(item.error or "")])
                 continue
             top = p.topk(k)
-            cells = [v for pr, i in zip(top.values, top.indices, strict=True) for v in (names[i], f"{float(pr):.4f}")]
+            cells = [
+                v for pr, i in zip(top.values, top.indices, strict=True) for v in (_cell(names[i]), f"{float(pr):.4f}")
+            ]
             ood = ["", ""] if item.is_ood is None else [item.is_ood, f"{item.ood_score:.4g}"]
             unsure = float(top.values[0]) < UNSURE_BELOW
-            w.writerow([item.name, verdict(p, names, item.is_ood), unsure, *ood, *cells, ""])
+            w.writerow([_cell(item.name), _cell(verdict(p, names, item.is_ood)), unsure, *ood, *cells, ""])
     return path

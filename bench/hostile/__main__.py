@@ -1,0 +1,192 @@
+"""The public app under hostile load, in a memory cgroup of its own: does it hold, and does it give back?
+
+    python -m bench.hostile [--quick] [--only WORDS] [--cap-mb 5120] [--public] [--settle 30] [--app-args ...]
+
+Starts ``python app.py --model bundled`` (no network) as a subprocess inside a cgroup v1 memory controller
+capped at ``--cap-mb`` (created under /sys/fs/cgroup/memory and removed at the end; without a writable one
+it says so and runs uncapped), behind one pretend proxy (``FORWARDED_HOPS=1``), with 1,000 files (27 MB) that a
+killed process left in its upload folder, then sends, over plain HTTP, raw sockets and ``gradio_client``:
+
+Round one (``bench/hostile/load.py``): a 9.3 MB zip of 64 one-colour 49.9 MP PNGs to /batch; a mixed burst of
+49.9 MP requests to every compute listener at once, the API's and the page's; four rounds of five 49.9 MP
+classifies at once (two with ``--quick``); 100 classifies at once from one client, and one from another client
+a second later; a 1 GB upload; zips of 1,000,000 and 200,000 empty entries.
+
+Round two (``bench/hostile/attacks.py``, issue 44): five 300 MB JSON bodies declared in Content-Length, five
+chunked, three 300 MB model choices; one /batch listing 200 times a zip whose end record declares 1 entry over
+150,000; 30,000 page calls with fresh session hashes (3,000 with ``--quick``); requests that used to log a
+traceback each (cut-off uploads, values of the wrong type, too few values, unknown fn_index); 20 uploads cut off
+at 10 of 20 MB; 100 compare requests from one address under forged X-Forwarded-For addresses; URLs as images.
+
+For each: requests served / refused, the peak RSS above the idle baseline (VmHWM, reset before each case),
+the RSS ``--settle`` seconds later, another client's classify time during the attack against the same request
+alone, log bytes per hostile request, Gradio's temporary upload files left, and whether the server is alive.
+Targets: alive through all with no OOM kill; peak above baseline <= 1.5 GB for every burst; RSS after a burst <=
+baseline + max(20%, 300 MB); the other client answered within 10 s during the flood; the 1 GB upload refused
+at once; under 300 log bytes per hostile request; no temporary upload file left; the dead process's files gone.
+Every request sends an image the server has not seen, so the cache of analyses answers none of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from . import attacks, load
+from .inputs import Inputs
+from .load import Row, settings
+from .server import MB, App, Cgroup, Raw
+
+PEAK_TARGET = 1536 * MB
+LOG_TARGET = 300  # bytes per hostile request
+STALE_FILES = 1000
+
+
+def _plant_stale(folder: Path) -> None:
+    """What a killed process leaves: hashed upload folders and ``tmp*`` files, an hour old."""
+    old = time.time() - 3600
+    for i in range(STALE_FILES):
+        path = folder / (f"tmp{i:05d}" if i % 2 else f"{i:064x}/photo.jpg")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(bytes(27_000))
+        os.utime(path, (old, old))
+
+
+def _cases(raw: Raw, app: App, inputs: Inputs, args: argparse.Namespace) -> list:
+    sessions, logged = (3000, 30) if args.quick else (30000, 300)
+    return [
+        ("64 x 49.9 MP zip to /batch", lambda row: load.case_zip64(raw, inputs, row), True),
+        ("mixed 49.9 MP burst, every listener", lambda row: load.case_mixed(raw, inputs, row), True),
+        *[
+            (f"five 49.9 MP classifies, round {i + 1}", lambda row: load.case_round(raw, inputs, row), True)
+            for i in range(2 if args.quick else 4)
+        ],
+        ("100 classifies from one client", lambda row: load.case_flood(app, inputs, row), True),
+        ("1 GB upload", lambda row: load.case_upload(app, 1024 * MB, row), False),
+        ("zip of 1,000,000 empty entries", lambda row: load.case_entries(raw, inputs, 1_000_000, row), False),
+        ("zip of 200,000 empty entries", lambda row: load.case_entries(raw, inputs, 200_000, row), False),
+        ("300 MB bodies: 5 declared, 5 chunked, 3 choices", lambda row: attacks.case_bodies(raw, inputs, row), True),
+        ("/batch listing a lying zip 200 times", lambda row: attacks.case_batch_parse(raw, inputs, row), True),
+        (f"{sessions:,} fresh sessions", lambda row: attacks.case_sessions(raw, sessions, row), True),
+        ("requests that logged tracebacks", lambda row: attacks.case_log(raw, inputs, logged, row), False),
+        ("20 uploads cut off at 10 of 20 MB", lambda row: attacks.case_cut_uploads(raw, 20, row), False),
+        ("100 compares under forged X-Forwarded-For", lambda row: attacks.case_spoofed(raw, inputs, row), True),
+        ("an http URL as the image", lambda row: attacks.case_url(raw, inputs, row), False),
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="vit_hostile_"))
+    cgroup = Cgroup(args.cap_mb * MB)
+    inputs = Inputs(tmp)
+    app = None
+    rows: list[Row] = []
+    try:
+        extra = (["--public"] if args.public else []) + args.app_args.split()
+        print(f"starting python app.py --model bundled {' '.join(extra)} {cgroup.note}", flush=True)
+        _plant_stale(tmp / "gradio")
+        app = App(cgroup, tmp, extra)
+        print(next(line for line in app.log.read_text().splitlines() if line.startswith("memory budget")), flush=True)
+        stale = sum(p.is_file() and p.stat().st_mtime < time.time() - 1800 for p in app.gradio_tmp.rglob("*"))
+        raw = Raw(app)
+        alone = []
+        for _ in range(3):  # warm up (imports, the first request's allocations), then the reference time
+            alone.append(raw.call("classify", [raw.upload(inputs.unique_cat()), *settings(app.model)]).seconds)
+        time.sleep(args.settle)
+        baseline, reference = app.rss, sorted(alone)[1]
+        print(f"idle baseline RSS {baseline / MB:,.0f} MB; a classify alone {reference:.2f} s", flush=True)
+        for name, case, burst in _cases(raw, app, inputs, args):
+            if args.only and not any(word in name for word in args.only.split(",")):
+                continue
+            row = Row(name, burst=burst, reference=reference)
+            rows.append(row)
+            print(f"- {name} ...", flush=True)
+            app.reset_peak()
+            log_before = app.log_bytes
+            try:
+                case(row)
+            except Exception as e:  # a dead server: recorded, the next cases say so too
+                row.note += f" failed: {type(e).__name__}: {e}"
+            row.alive = app.alive
+            if not row.alive:
+                break
+            row.peak = app.peak - baseline
+            row.log_bytes = app.log_bytes - log_before
+            row.partial_files = len(app.partial_files())
+            time.sleep(args.settle)
+            row.after = app.rss - baseline
+        return report(rows, baseline, cgroup, args, stale)
+    finally:
+        if app is not None:
+            app.stop()
+        cgroup.remove()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def report(rows: list[Row], baseline: int, cgroup: Cgroup, args: argparse.Namespace, stale: int) -> int:
+    settle = f"{args.settle:.0f} s after"
+    print()
+    print(
+        f"| case | served / refused | peak above baseline | {settle} | other client's classify | log bytes a "
+        "request | tmp files left | alive | notes |"
+    )
+    print("|---|---:|---:|---:|---|---:|---:|---|---|")
+    for r in rows:
+        wait = "-" if r.wait is None else f"{r.wait:.1f} s (alone {r.reference:.1f} s: x{r.wait / r.reference:.1f})"
+        print(
+            f"| {r.case} | {r.served} / {r.refused} | {r.peak / MB:+,.0f} MB | {r.after / MB:+,.0f} MB | {wait} | "
+            f"{r.log_bytes / max(1, r.requests):,.0f} | {r.partial_files} | {'yes' if r.alive else 'NO'} | {r.note} |"
+        )
+    refusals = sorted({m for r in rows for m in r.messages})
+    if refusals:
+        print("\nrefusals, as the clients read them:")
+        for m in refusals[:12]:
+            print(f"  {m[:160]}")
+    settle_limit = max(0.2 * baseline, 300 * MB)
+    flood = next((r for r in rows if r.case.startswith("100 classifies")), None)
+    upload = next((r for r in rows if r.case.startswith("1 GB")), None)
+    checks = {
+        "alive through all, no OOM kill": all(r.alive for r in rows) and cgroup.oom_kills() == 0,
+        "peak above baseline <= 1.5 GB for every burst": all(r.peak <= PEAK_TARGET for r in rows if r.burst),
+        f"RSS {settle} a burst <= baseline + {settle_limit / MB:,.0f} MB": all(
+            r.after <= settle_limit for r in rows if r.burst
+        ),
+        "the other client answered within 10 s during the flood": flood is None
+        or (flood.wait is not None and flood.wait <= 10),
+        "the 1 GB upload refused at once (< 5 s)": upload is None
+        or (upload.refused == 1 and (upload.seconds or 1e9) < 5),
+        f"at most {LOG_TARGET} log bytes a hostile request": all(
+            r.log_bytes <= LOG_TARGET * r.requests for r in rows if not r.burst or r.refused
+        ),
+        "no temporary upload file left": all(r.partial_files == 0 for r in rows),
+        f"the {STALE_FILES:,} files of a dead process swept at start": stale == 0,
+    }
+    print(
+        f"\nbaseline {baseline / MB:,.0f} MB; OOM kills in the cgroup: {cgroup.oom_kills()}; "
+        f"files of the dead process left: {stale}"
+    )
+    for name, ok in checks.items():
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    return 0 if all(checks.values()) else 1
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="two rounds of five classifies instead of four, fewer sessions")
+    p.add_argument(
+        "--only", default="", help="run only the cases whose names contain one of these comma-separated words"
+    )
+    p.add_argument("--cap-mb", type=int, default=5120, help="the app's memory cgroup limit (default 5120)")
+    p.add_argument("--public", action="store_true", help="run the app with --public")
+    p.add_argument("--settle", type=float, default=30.0, help="seconds between a case and its RSS reading")
+    p.add_argument("--app-args", default="", help="more options for app.py, e.g. '--concurrency 4'")
+    args = p.parse_args()
+    raise SystemExit(run(args))
+
+
+if __name__ == "__main__":
+    main()
