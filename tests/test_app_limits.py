@@ -273,3 +273,31 @@ def test_sessions_are_bounded_counted_and_rest_calls_leave_none(small_app):
     assert len(holder.session_data) == 10 and gate.reserved() == 0
     assert table.sweep(datetime.datetime.now() + datetime.timedelta(seconds=61)) == 10
     assert len(holder.session_data) == 0
+
+
+def test_behind_a_proxy_the_queue_is_shared_by_address_not_by_session(monkeypatch):
+    """32 requests of one address, each from a new session (forged X-Forwarded-For entries at the left), then a
+    newcomer from another address: behind a proxy the newcomer is served after at most one of them (the queue
+    round robin by address); keyed by session it would wait behind all 32. Locally (no proxy) sessions still
+    have lines of their own."""
+    from types import SimpleNamespace as NS
+
+    from webapp.queueing import ClientLimits
+
+    def event(i: int, session: str, forwarded: str) -> NS:
+        request = NS(headers={"x-forwarded-for": forwarded}, client=NS(host="10.0.0.1"))
+        return NS(_id=f"e{i}", data=NS(session_hash=session), request=request, concurrency_id="compute")
+
+    line = NS(queue=[event(i, f"s{i}", f"10.9.{i}.1, 203.0.113.7") for i in range(32)])
+    newcomer = event(99, "newcomer", "198.51.100.9")
+    line.queue.append(newcomer)
+    queue = NS(event_queue_per_concurrency_id={"compute": line}, active_jobs=[], event_ids_to_events={"e99": newcomer})
+    monkeypatch.setenv("SPACE_ID", "me/vit")  # one proxy hop
+    ClientLimits()._place(queue, "e99")
+    assert line.queue.index(newcomer) == 1
+
+    monkeypatch.delenv("SPACE_ID")  # no proxy: every session is a client of its own, the newcomer waits its turn
+    line.queue.remove(newcomer)
+    line.queue.append(newcomer)
+    ClientLimits()._place(queue, "e99")
+    assert line.queue.index(newcomer) == 32

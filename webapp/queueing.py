@@ -3,8 +3,9 @@
 **A fair share of the queue** (``ClientLimits``). A client (a Gradio session, and separately an IP
 address) may have at most ``per_session`` (``per_ip``) requests waiting or computing; more are refused
 when they join the queue ("you have N requests waiting"), so one client never fills it. The queue is
-served round robin by client: a request joins behind the requests that are as many places into their own
-client's line as it is into its own, so a newcomer waits for at most one request of each other client.
+served round robin by client (behind a proxy, by address; else by session): a request joins behind the requests
+that are as many places into their own client's line as it is into its own, so a newcomer waits for at most one
+request of each other client.
 
 **Bounded uploads** (``UploadLimits``, with Gradio's own ``max_file_size`` per file). An upload must declare
 its length, at most ``max_bytes`` in all, and leave ``MIN_FREE_DISK`` free on the disk it goes to; it is
@@ -110,7 +111,12 @@ class ClientLimits:
 
     @staticmethod
     def _client(event) -> str:
-        """Whose line an event stands in: its session, or for sessionless API calls its address."""
+        """Whose line an event stands in. Behind a proxy (a Space) the address it appended: a client makes new
+        sessions for free, not new addresses (100 requests with 100 sessions from one address would each start
+        a line of their own, and a newcomer would wait behind all of them). Elsewhere (the header ignored; local
+        clients may share an address) its session, or for sessionless API calls its address."""
+        if proxy_hops():
+            return f"ip:{client_ip(event.request)}"
         session = event.data.session_hash if event.data is not None else None
         return session if session and session != event._id else f"ip:{client_ip(event.request)}"
 
