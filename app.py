@@ -48,6 +48,9 @@ CSS = """
 .verdict p { font-size: 1.6rem; font-weight: 600; margin: 0; }
 .verdict.quiet p { font-size: 1.05rem; font-weight: 500; }
 .notice p { font-size: 0.8rem; opacity: 0.8; margin: 0; }
+/* what the methods and figures are, one line each: small, the names no larger than the words */
+.legend :is(p, li, strong) { font-size: 0.8rem; line-height: 1.35; margin: 0; }
+.legend ul { margin: 0; padding-left: 1.1em; }
 #summary table { word-break: normal; overflow-wrap: normal; hyphens: none; }
 #summary td:first-child { white-space: nowrap; }
 #summary .prose { overflow-x: auto; }
@@ -69,6 +72,10 @@ CSS = """
 .tiles .grid-wrap > .icon-button-wrapper { position: static !important; justify-content: flex-end; margin-bottom: 2px; }
 /* labels above their component, never over a figure */
 :is(.tiles, #labels) label[data-testid="block-label"] { position: static !important; margin-bottom: 4px; }
+/* "Use via API" on phones too (Gradio hides it under 640 px). Outside the media query: Gradio scopes the rules in
+   one to the page's content, which the footer is not part of; on wider screens these are Gradio's own values. */
+footer .show-api { display: flex !important; }
+footer .show-api-divider { display: block !important; }
 @media (max-width: 640px) {
   .tab-wrapper button[role="tab"] { padding: 0 9px; }  /* the five tabs in one row at 390 px */
   .phone-2-columns .grid-container { --grid-cols: 2 !important; }

@@ -29,7 +29,7 @@ from PIL import Image
 import vit_core
 from tests.hub_server import transformers_vit_files
 from tests.test_app import CAT, ROOT, server, server_log  # noqa: F401 (fixture)
-from webapp.catalog import BUNDLED, imagenet_names
+from webapp.catalog import BUNDLED, BUNDLED_LABEL, CURATED, imagenet_names
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
@@ -227,15 +227,23 @@ def _click_patch(page, fx: float = 0.5, fy: float = 0.5) -> None:
     view.click(position={"x": fx * box["width"], "y": fy * box["height"]})
 
 
-def _compare(page) -> None:
+# The status trackers (Gradio's progress overlays) showing now: those of visible components, not idle.
+TRACKERS = """() => [...document.querySelectorAll('.wrap.default:not(.hide)')]
+  .filter(w => w.getBoundingClientRect().height > 0).map(w => w.closest('[id]')?.id ?? '?')"""
+
+
+def _compare(page) -> list[str]:
+    """Compare the methods; the progress trackers seen while it ran (the first moment one showed)."""
     page.get_by_role("button", name="Compare methods").click()
-    page.wait_for_function(
-        "() => document.querySelector('#compare-text textarea')?.value.startsWith('Maps and scores for class')"
-    )
+    done = "document.querySelector('#compare-text textarea')?.value.startsWith('Maps and scores for class')"
+    trackers = page.wait_for_function(f"() => {{ const t = ({TRACKERS})(); return t.length || {done} ? t : null; }}")
+    trackers = trackers.json_value()
+    page.wait_for_function(f"() => {done}")
     page.wait_for_function(
         "() => [...document.querySelectorAll('#compare-gallery img')].filter(i => i.complete && i.naturalWidth)"
         ".length >= 4"
     )
+    return trackers
 
 
 def _choose_model(page, value: str) -> None:
@@ -490,6 +498,25 @@ def test_a_model_that_fails_to_load_says_so_and_the_previous_stays(page):
     page.locator("#verdict").get_by_text("%").wait_for()
 
 
+def test_offline_the_hub_models_are_marked_and_the_status_line_speaks_plainly(page):
+    """The app runs offline (``HF_HUB_OFFLINE``): the picker still lists the paper's Hub checkpoints, each marked
+    as needing the Hub, after the models that load; picking one says why it cannot load, and the status line says
+    in words (not flags) why the server started on the bundled model."""
+    status = page.locator("#status").inner_text()
+    assert "This server is offline" in status and "started on its own small CIFAR-10 model" in status, status
+    assert "--model" not in status and "HF_HUB" not in status
+    page.get_by_label("Model:").click()
+    options = [o.strip().removeprefix("✓").strip() for o in page.get_by_role("option").all_inner_texts()]
+    assert options[0] == BUNDLED_LABEL
+    marked = [o for o in options if o.endswith(" — needs the Hub: offline")]
+    # each of the Hub's models: marked, unless this machine's Hub cache holds it (then it loads offline)
+    assert all(c.label in options or f"{c.label} — needs the Hub: offline" in marked for c in CURATED), options
+    assert marked and options[-len(marked) :] == marked
+    page.get_by_role("option", name=marked[0]).click()
+    page.locator("#status").get_by_text("it needs the Hub, and this server is offline").wait_for()
+    assert f"Still using {BUNDLED_LABEL}" in page.locator("#status").inner_text()
+
+
 def test_classify_button_in_sight_on_a_laptop_and_the_api_page_uses_local_examples(page):
     box = page.locator("#classify").bounding_box()
     assert box["y"] + box["height"] <= DESKTOP["height"]
@@ -517,13 +544,21 @@ def test_phone_every_tab_in_sight_the_result_scrolled_to_and_every_view(phone):
     )
     _loaded(phone, "#overlay")
     _shot(phone, "classify", "#results")
+    api = phone.get_by_text("Use via API")  # the footer's link, which Gradio hides under 640 px
+    api.evaluate("e => e.scrollIntoView()")  # no waiting for it to show: it must be there
+    box = api.bounding_box()
+    assert api.is_visible() and box and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], box
     _tab(phone, "Explore")
+    layer = phone.locator("#explore-layer").bounding_box()  # its label and number beside each other, unsquashed
+    assert layer["width"] >= 0.8 * PHONE["width"], layer  # a row of its own
+    label = phone.get_by_text(re.compile(r"^Layer: 0 = first")).bounding_box()
+    assert label["height"] < 30, label  # one line
     _click_patch(phone)
     for figure in ("#patch-attention", "#patch-rollout", "#heads-grid"):
         _loaded(phone, figure)
     _shot(phone, "explore", "#patch-text")
     _tab(phone, "Compare")
-    _compare(phone)
+    assert _compare(phone) == ["compare-table"]  # one progress bar, not one over each output
     columns = phone.eval_on_selector("#compare-gallery .grid-container", "g => getComputedStyle(g).gridTemplateColumns")
     assert len(columns.split()) == 2, columns  # 4 columns on wider screens
     table = phone.locator("#compare-table").bounding_box()
@@ -534,6 +569,15 @@ def test_phone_every_tab_in_sight_the_result_scrolled_to_and_every_view(phone):
         "cs => cs.map(c => [c.innerText, getComputedStyle(c).overflowWrap, c.scrollWidth <= c.clientWidth + 1])",
     )
     assert cells and all(wrap == "normal" and fits for _, wrap, fits in cells), cells
+    rows = phone.eval_on_selector(  # every row, the baseline's last, in sight: no scroll box of the table's own
+        "#compare-table",
+        "t => [...t.querySelectorAll('*')].filter(e => e.scrollHeight > e.clientHeight + 1"
+        " && ['auto', 'scroll'].includes(getComputedStyle(e).overflowY)).map(e => e.className)",
+    )
+    assert rows == [], rows
+    baseline = phone.locator("#compare-table tbody tr", has_text="Centre Gaussian")  # the last row
+    last = baseline.bounding_box()  # whole inside the table
+    assert last["y"] + last["height"] <= table["y"] + table["height"] + 1, (last, table)
     _shot(phone, "compare", "#compare-text")
     _tab(phone, "Batch")
     phone.locator("#files input[type=file]").set_input_files([str(p) for p in EXAMPLE_PHOTOS])

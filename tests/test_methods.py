@@ -46,7 +46,13 @@ def brightness(
 
 
 NEW = methods.Method(
-    "brightness", "Brightness (test)", brightness, per_class=True, batchable=True, cost=methods.Cost(backward=1)
+    "brightness",
+    "Brightness (test)",
+    brightness,
+    per_class=True,
+    batchable=True,
+    cost=methods.Cost(backward=1),
+    description="each patch's mean brightness (a test's method)",
 )
 
 
@@ -81,6 +87,43 @@ def test_every_method_of_the_table_is_offered_by_the_classify_and_batch_tabs_and
 
     assert choices("/classify") == [m.title for m in methods.METHODS] and NEW.title in choices("/classify")
     assert choices("/batch") == [m.title for m in methods.METHODS if m.batchable] and NEW.title in choices("/batch")
+
+
+def test_every_method_and_setting_is_explained_where_it_is_chosen(ctx):
+    """One line per method under each choice of method (the table's ``description``, the new entry's too), each
+    published method naming its paper; the settings explained on their controls; Inspect's figures in words."""
+    blocks = app.build_ui(ctx).blocks.values()
+    shown = {b.elem_id: b.value for b in blocks if isinstance(b, gr.Markdown) and b.elem_id}
+    papers = {
+        "RISE": "Petsiuk et al. 2018",
+        "AttnLRP": "Achtibat et al. 2024",
+        "Attention rollout": "Abnar & Zuidema 2020",
+        "Gradient rollout": "Chefer et al., ICCV 2021",
+        "Chefer et al.": "Chefer et al., CVPR 2021",
+        "Raw attention": "one layer's attention from the class token",
+    }
+    assert {m.name for m in methods.METHODS} == {*papers, NEW.name}
+    for legend, offered in (
+        ("method-legend", methods.METHODS),
+        ("compare-legend", methods.METHODS),
+        ("batch-legend", [m for m in methods.METHODS if m.batchable]),
+    ):
+        lines = shown[legend].splitlines()
+        assert lines == [f"- **{m.name}**: {m.description}" for m in offered], legend
+        assert all(papers.get(m.name, NEW.description) in line for m, line in zip(offered, lines, strict=True))
+    info = {b.label: b.info for b in blocks if getattr(b, "info", None)}
+    assert info["Head fusion (rollout)"] == methods.OPTIONS["head_fusion"]
+    assert "mean, max or min" in info["Head fusion (rollout)"]
+    assert info["Discard ratio (rollout)"] == methods.OPTIONS["discard_ratio"]
+    assert "weakest attention links dropped before rollout" in info["Discard ratio (rollout)"]
+    assert info["Head (raw attention)"] == methods.OPTIONS["head"]
+    figure_7 = next(b.value for b in blocks if isinstance(b, gr.Markdown) and "figure 7" in (b.value or ""))
+    for words in (
+        "what the first layer looks for in each patch",
+        "which positions the model learned as near each other",
+        "how far each head looks, by depth",
+    ):
+        assert words in figure_7
 
 
 def test_classify_draws_each_methods_own_map(ctx, photo):

@@ -130,7 +130,8 @@ def test_auto_loads_the_hubs_b16_with_its_imagenet_labels(hub):
     assert transform(Image.new("RGB", (50, 40))).shape == (3, 224, 224)
     assert model.label_names == list(imagenet_names()) and model.label_names[0] == "tench, Tinca tinca"
     assert model.config.norm_eps == 1e-12  # converted from the transformers layout
-    assert "ViT-B/16 (ImageNet-1k) from the Hub" in m.note(B16) and m.note(BUNDLED_LABEL) == ""
+    assert m.note(B16) == " The server starts on the paper's ViT-B/16 (ImageNet-1k), from the Hub."
+    assert m.note(BUNDLED_LABEL) == ""
     assert m.choices()[0][1] == B16 and m.default == B16
 
 
@@ -141,19 +142,49 @@ def test_auto_falls_back_to_the_bundled_model_when_the_hub_does_not_answer(hub, 
     t0 = time.perf_counter()
     assert m.set_default("auto") == BUNDLED_LABEL
     assert time.perf_counter() - t0 < 5  # one refused connection, not huggingface_hub's 30 s of retries
-    assert "bundled CIFAR-10 model" in m.note(BUNDLED_LABEL) and "the Hub did not answer" in m.note(BUNDLED_LABEL)
+    assert m.note(BUNDLED_LABEL) == (
+        " The Hugging Face Hub did not answer. The server started on its own small CIFAR-10 model instead of the "
+        "paper's ViT-B/16."
+    )
     assert m.get(BUNDLED_LABEL)[0].label_names[3] == "cat"
+    # the Hub's models cannot load for now (a pick would be refused at once): the picker says so, after the rest
+    labels = m.choices()
+    assert labels[0] == (BUNDLED_LABEL, BUNDLED_LABEL)
+    assert labels[-len(CURATED) :] == [(f"{c.label} — {models.HUB_DOWN}", c.repo) for c in CURATED]
+    monkeypatch.setattr(m, "_hub_down_until", 0.0)  # HUB_RETRY seconds later: asked again when picked
+    assert [label for label, _ in m.choices()[1:7]] == [c.label for c in CURATED]
 
 
 def test_auto_falls_back_when_offline_or_when_the_download_fails(hub, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     m = Models(CPU)
-    assert m.set_default("auto") == BUNDLED_LABEL and "offline (HF_HUB_OFFLINE is set)" in m.note(BUNDLED_LABEL)
+    assert m.set_default("auto") == BUNDLED_LABEL
+    assert m.note(BUNDLED_LABEL).startswith(" This server is offline (no Hugging Face Hub). The server started on")
+    assert "--model" not in m.note(BUNDLED_LABEL) and "HF_HUB_OFFLINE" not in m.note(BUNDLED_LABEL)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     hub.repos.pop(B16)  # the Hub answers, but has no such repo
     m = Models(CPU)
     assert m.set_default("auto") == BUNDLED_LABEL
-    assert "Could not load 'ViT-B/16 (ImageNet" in m.note(BUNDLED_LABEL)
+    assert m.note(BUNDLED_LABEL).startswith(" Could not load 'ViT-B/16 (ImageNet")
+    assert m.choices()[1] == (CURATED[0].label, B16)  # the Hub answers: offered as it is
+
+
+def test_offline_the_hub_models_are_marked_and_refused_at_once_unless_cached(hub, monkeypatch):
+    """Offline, a Hub model the local cache does not hold cannot load: the picker marks it (after the models that
+    load) and picking it is refused at once, saying why; one the cache holds is offered and loads as usual."""
+    assert Models(CPU).get(TI16, wait=60)[0].config.embed_dim == 32  # downloaded into the cache
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    m = Models(CPU)
+    labels = {value: label for label, value in m.choices()}
+    assert labels[TI16] == CURATED[-1].label
+    uncached = [c for c in CURATED if c.repo != TI16]
+    assert [labels[c.repo] for c in uncached] == [f"{c.label} — needs the Hub: offline" for c in uncached]
+    assert [value for _, value in m.choices()][-len(uncached) :] == [c.repo for c in uncached]
+    asked = len(hub.requests)
+    refused = _error(m, B16, wait=60)
+    assert refused == f"Could not load '{CURATED[0].label}': it needs the Hub, and this server is offline."
+    assert m.get(TI16, wait=60)[0].config.embed_dim == 32  # from the cache
+    assert len(hub.requests) == asked  # offline: the Hub was not asked
 
 
 def test_timm_imagenet_models_without_names_get_imagenets(hub):

@@ -55,6 +55,7 @@ class Method:
     per_class: bool  # the map explains one class (fn takes target=); else it is the same for every class
     batchable: bool  # batched, a few passes per image, and fn takes return_logits=True: the Batch tab offers it
     cost: Cost
+    description: str  # what it does, in one line of plain words with its paper: the app shows it where it is chosen
     options: tuple[str, ...] = ()  # fn's keywords that the app's settings give: layer, head, head_fusion, ...
     # fn on attentions already computed, (model, attentions, grid, **options) -> maps: no model pass at all
     from_attentions: Callable[..., torch.Tensor] | None = None
@@ -73,6 +74,7 @@ RISE = Method(
     per_class=True,
     batchable=False,
     cost=Cost(forward=explain.RISE_MASKS),
+    description="random masks over the image, each weighted by the score it leaves the class (Petsiuk et al. 2018)",
     progress="masked images",
 )
 ROLLOUT = Method(
@@ -82,11 +84,19 @@ ROLLOUT = Method(
     per_class=False,
     batchable=True,
     cost=Cost(),
+    description="how much each patch feeds the class token through all the layers, attention multiplied layer by "
+    "layer; the same for every class (Abnar & Zuidema 2020)",
     options=("head_fusion", "discard_ratio"),
     from_attentions=explain.attention_rollout_from,
 )
 GRADIENT = Method(
-    "gradient", "Gradient rollout", explain.gradient_rollout, per_class=True, batchable=True, cost=Cost(backward=1)
+    "gradient",
+    "Gradient rollout",
+    explain.gradient_rollout,
+    per_class=True,
+    batchable=True,
+    cost=Cost(backward=1),
+    description="rollout with each attention weighted by its gradient for the class (Chefer et al., ICCV 2021)",
 )
 RAW = Method(
     "attention",
@@ -95,16 +105,41 @@ RAW = Method(
     per_class=False,
     batchable=True,
     cost=Cost(),
+    description="one layer's attention from the class token (or the mean token) to each patch, for one head or "
+    "the mean of the heads; the same for every class",
     options=("layer", "head"),
     from_attentions=explain.attention_maps_from,
 )
 
-ATTNLRP = Method("attnlrp", "AttnLRP", lrp.attnlrp, per_class=True, batchable=True, cost=Cost(backward=1))
+ATTNLRP = Method(
+    "attnlrp",
+    "AttnLRP",
+    lrp.attnlrp,
+    per_class=True,
+    batchable=True,
+    cost=Cost(backward=1),
+    description="the class's score passed back through every layer, attention included, down to the patches, "
+    "its total kept at each layer (Achtibat et al. 2024)",
+)
 CHEFER = Method(
-    "chefer", "Chefer et al. (LRP x gradient)", lrp.chefer, per_class=True, batchable=True, cost=Cost(backward=1)
+    "chefer",
+    "Chefer et al. (LRP x gradient)",
+    lrp.chefer,
+    per_class=True,
+    batchable=True,
+    cost=Cost(backward=1),
+    description="LRP relevance of each layer's attention times its gradient for the class, accumulated through "
+    "the layers (Chefer et al., CVPR 2021)",
 )
 
 METHODS = (RISE, ATTNLRP, ROLLOUT, GRADIENT, CHEFER, RAW)  # in the order the app lists them
+# What the settings that methods take (``Method.options``) do, in the same plain words as the descriptions.
+OPTIONS = {
+    "layer": "whose attention raw attention shows: 0 is the first layer, nearest the pixels",
+    "head": "one attention head of that layer, or the mean of them all",
+    "head_fusion": "how each layer's heads are combined before rollout: their mean, max or min",
+    "discard_ratio": "share of each layer's weakest attention links dropped before rollout (0: keep them all)",
+}
 
 
 def by_title(title: str) -> Method:

@@ -39,8 +39,10 @@ import torch
 
 import vit_core
 from vit_core import hub
+from vit_core.checkpoint import CONFIG_NAME, WEIGHTS_NAME
 from vit_core.data import build_transform
 from vit_core.data.transforms import ImageTransform
+from vit_core.hub import PICKLED_WEIGHTS_NAME
 
 from . import sizing
 from .access import Access, Choice, ModelError, default_choices, operator_choice
@@ -53,6 +55,8 @@ LOAD_WORKERS = 2  # loads of different checkpoints in parallel, per kind (local,
 MAX_HUB_LOADS = 4  # Hub loads running or waiting for a worker; more are refused at once
 HUB_ANSWER_TIMEOUT = 5.0  # seconds the Hub has to answer the question whether it answers
 HUB_RETRY = 30.0  # seconds after the Hub did not answer during which Hub loads are refused at once
+HUB_OFFLINE = "needs the Hub: offline"  # a Hub checkpoint in the picker while it cannot load (``unavailable``)
+HUB_DOWN = "needs the Hub: not answering"
 UI_LOAD_WAIT = 300.0  # seconds the model picker waits for a load (with a progress bar)
 MB = 2**20
 
@@ -105,8 +109,22 @@ class Models:
 
     def choices(self) -> list[tuple[str, str]]:
         """The picker's choices as (label, value), e.g. ("ViT-B/16 (ImageNet, 86.6M params, 346 MB,
-        transformers)", "google/vit-base-patch16-224"); the startup model first."""
-        return [(c.label, c.value) for c in self.access.listed]
+        transformers)", "google/vit-base-patch16-224"); the startup model first, those that cannot load now last,
+        their label saying why ("... — needs the Hub: offline")."""
+        marked = [(c, self.unavailable(c)) for c in self.access.listed]
+        return [
+            (f"{c.label} — {why}" if why else c.label, c.value) for c, why in sorted(marked, key=lambda m: bool(m[1]))
+        ]
+
+    def unavailable(self, choice: Choice) -> str:
+        """Why ``choice`` cannot load now, in a few words, or "" when it may: a Hub checkpoint that is not
+        loaded, while this server is offline (unless the local cache holds it) or the Hub is known not to
+        answer (a load would be refused at once: ``_check_hub``)."""
+        if choice.local or choice.key in self._loaded:
+            return ""
+        if hub.offline():
+            return "" if _cached(choice) else HUB_OFFLINE
+        return HUB_DOWN if time.monotonic() < self._hub_down_until else ""
 
     def key_of(self, choice: str) -> str:
         """The canonical key of a servable choice: equal for every spelling of one checkpoint."""
@@ -119,7 +137,7 @@ class Models:
         """For the status line: with ``--model auto``, which model it chose and why; else empty."""
         if not self._auto_note or self.key_of(choice) != self._pinned:
             return ""
-        return f" Default model (`--model auto`): {self._auto_note}."
+        return f" {self._auto_note}"
 
     def folder_of(self, choice: str) -> Path | None:
         """The local folder a servable choice loads from (for its metrics and model card), else None."""
@@ -151,20 +169,23 @@ class Models:
     def _auto(self) -> Choice:
         b16 = operator_choice(AUTO.repo)
         if hub.offline():
-            reason = "the app is offline (HF_HUB_OFFLINE is set)"
+            reason = "This server is offline (no Hugging Face Hub)."
         elif not hub.answers(AUTO.repo):
-            reason = "the Hub did not answer"
+            self._hub_down_until = time.monotonic() + HUB_RETRY
+            reason = "The Hugging Face Hub did not answer."
         else:
             try:
                 self._get_choice(b16, None)
             except ModelError as e:
-                reason = str(e)
+                reason = sentence(str(e))
             else:
-                self._auto_note = "the paper's ViT-B/16 (ImageNet-1k) from the Hub"
+                self._auto_note = "The server starts on the paper's ViT-B/16 (ImageNet-1k), from the Hub."
                 return b16
         bundled = operator_choice(BUNDLED_LABEL)
         self._get_choice(bundled, None)
-        self._auto_note = f"the bundled CIFAR-10 model, since the Hub's ViT-B/16 is unavailable: {reason}"
+        self._auto_note = (
+            f"{reason} The server started on its own small CIFAR-10 model instead of the paper's ViT-B/16."
+        )
         return bundled
 
     def get(self, choice: str, wait: float | None = None) -> tuple[vit_core.VisionTransformer, ImageTransform]:
@@ -223,6 +244,9 @@ class Models:
     def _check_hub(self, choice: Choice, now: float) -> None:
         """Refuse a new Hub load at once while the Hub is known not to answer, or while ``MAX_HUB_LOADS`` are
         under way: made-up repo names cannot pile up behind a Hub that hangs. Under the lock."""
+        if hub.offline() and not _cached(choice):
+            reason = "it needs the Hub, and this server is offline"
+            raise ModelError(_could_not_load(choice, reason), f"{choice.source}: offline, not in the local cache")
         if now < self._hub_down_until:
             seconds = math.ceil(self._hub_down_until - now)
             reason = f"the Hub did not answer just now; try again in {seconds} s"
@@ -302,6 +326,15 @@ class _LoadFailed(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(reason)
         self.reason, self.detail = reason, detail
+
+
+def _cached(choice: Choice) -> bool:
+    """Whether the local Hub cache holds a Hub checkpoint's files (what an offline load reads): its config and
+    weights, or its ``.npz``."""
+    files = sizing.files_of(choice)  # offline: the cached files only
+    names = set(files.sizes) if files is not None else set()
+    npz = any(n.endswith(".npz") for n in names)
+    return npz or (CONFIG_NAME in names and bool(names & {WEIGHTS_NAME, PICKLED_WEIGHTS_NAME}))
 
 
 def _could_not_load(choice: Choice, reason: str) -> str:

@@ -11,6 +11,7 @@ always runs. The methods built on LRP carry the notice of its authors (``LRP_NOT
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,12 @@ def lrp_notice() -> str:
         f"{names} are based on layer-wise relevance propagation (LRP). LRP's authors (the lxt package) state that "
         "LRP is a patented technology that may be used free of charge for personal and scientific purposes only."
     )
+
+
+def legend(shown: Sequence[Method]) -> str:
+    """What each method of ``shown`` does (its ``description`` in ``vit_core.methods``'s table), one line each as
+    Markdown, for under the place they are chosen."""
+    return "\n".join(f"- **{m.name}**: {m.description}" for m in shown)
 
 
 def affordable(method: Method, model: VisionTransformer | ViTConfig, device: torch.device) -> bool:

@@ -34,7 +34,7 @@ from ..archives import MAX_IMAGES, Item, read_uploads
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
 from ..model_info import UNSURE_BELOW, verdict
-from ..settings import Settings, check_top_k, lrp_based, lrp_notice, parse_settings
+from ..settings import Settings, check_top_k, legend, lrp_based, lrp_notice, parse_settings
 from ..ui import fresh
 from ..ui.context import Context
 from ..ui.inputs import CheckedRadio, Uploads
@@ -133,6 +133,7 @@ def build(ctx: Context, page: Page) -> None:
         file_count="multiple", file_types=["image", ".zip"], type="filepath", label="Images", elem_id="files"
     )
     method = CheckedRadio(titles, value=titles[0], label="Explanation")
+    gr.Markdown(legend(batchable()), elem_classes="legend", elem_id="batch-legend")
     if any(m.batchable for m in lrp_based()):
         gr.Markdown(lrp_notice(), elem_classes="notice")
     button = gr.Button("Classify all", variant="primary")

@@ -23,7 +23,17 @@ from ..admission import COMPUTE
 from ..analysis import Analysis, Upload, declared, explained_class, map_key, relevance
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
-from ..settings import PREDICTED, Settings, check_top_k, head_name, layer_name, lrp_based, lrp_notice, parse_settings
+from ..settings import (
+    PREDICTED,
+    Settings,
+    check_top_k,
+    head_name,
+    layer_name,
+    legend,
+    lrp_based,
+    lrp_notice,
+    parse_settings,
+)
 from ..ui import fresh
 from ..ui.context import EXAMPLES, Context
 from ..ui.inputs import CheckedDropdown, CheckedRadio, ImageUpload
@@ -261,6 +271,7 @@ def _build(ctx: Context, page: Page) -> ClassifyTab:
         )
         button = gr.Button("Classify", variant="primary", elem_id="classify")
         method = CheckedRadio([m.title for m in methods.METHODS], value=default, label="Explanation")
+        gr.Markdown(legend(methods.METHODS), elem_classes="legend", elem_id="method-legend")
         if lrp_based():
             gr.Markdown(lrp_notice(), elem_classes="notice", elem_id="lrp-notice")
         with gr.Accordion("Explanation settings", open=False):
@@ -271,12 +282,20 @@ def _build(ctx: Context, page: Page) -> ClassifyTab:
                 allow_custom_value=True,
                 label=f"Class to explain ({per_class})",
             )
-            layer = gr.Slider(step=1, **layer_range(model, LAYER))
+            layer = gr.Slider(step=1, info=methods.OPTIONS["layer"], **layer_range(model, LAYER))
             head = CheckedDropdown(
-                head_choices(model), value="mean", allow_custom_value=True, label="Head (raw attention)"
+                head_choices(model),
+                value="mean",
+                allow_custom_value=True,
+                label="Head (raw attention)",
+                info=methods.OPTIONS["head"],
             )
-            head_fusion = CheckedRadio(["mean", "max", "min"], value="mean", label="Head fusion (rollout)")
-            discard = gr.Slider(0.0, 0.99, value=0.0, step=0.01, label="Discard ratio (rollout)")
+            head_fusion = CheckedRadio(
+                ["mean", "max", "min"], value="mean", label="Head fusion (rollout)", info=methods.OPTIONS["head_fusion"]
+            )
+            discard = gr.Slider(
+                0.0, 0.99, value=0.0, step=0.01, label="Discard ratio (rollout)", info=methods.OPTIONS["discard_ratio"]
+            )
         with gr.Row():
             opacity = gr.Slider(
                 0.0, 1.0, value=0.5, step=0.05, label="Overlay opacity", elem_id="opacity", min_width=220

@@ -26,7 +26,17 @@ from ..analysis import Analysis, Upload, autocast, declared, explained_class, ma
 from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
 from ..model_info import format_ms
-from ..settings import PREDICTED, Settings, affordable, head_name, layer_name, lrp_based, lrp_notice, parse_settings
+from ..settings import (
+    PREDICTED,
+    Settings,
+    affordable,
+    head_name,
+    layer_name,
+    legend,
+    lrp_based,
+    lrp_notice,
+    parse_settings,
+)
 from ..ui import fresh
 from ..ui.context import Context
 from ..ui.picker import Page
@@ -165,6 +175,7 @@ def build(ctx: Context, page: Page) -> None:
         label="Faithfulness on this image",
         interactive=False,
         wrap=True,
+        max_height=2000,  # every row in sight (the default, 500 px, hides the last ones in a box of its own on phones)
         elem_id="compare-table",
     )
     gallery = gr.Gallery(
@@ -175,12 +186,14 @@ def build(ctx: Context, page: Page) -> None:
         elem_id="compare-gallery",
         elem_classes=["tiles", "phone-2-columns"],
     )
+    gr.Markdown(legend(methods.METHODS), elem_classes="legend", elem_id="compare-legend")
     fresh.listen(
         [button.click],
         ctx.handler(show, None),
         [c.image, picker.active, c.target, c.layer, c.head, c.head_fusion, c.discard, c.opacity],
         [gallery, table, text],
         concurrency_id=COMPUTE,
+        show_progress_on=[table],  # one progress bar, not one over each output
         api_name="compare_page",
     )
     fresh.on_change(

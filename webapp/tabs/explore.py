@@ -297,7 +297,8 @@ def build(ctx: Context, page: Page) -> ExploreTab:
                 elem_classes="figure",
             )
             with gr.Row():
-                layer = gr.Slider(step=1, **layer_range(picker.model, "Layer"))
+                # wide enough for its label and number box beside each other: a row of its own on phones
+                layer = gr.Slider(step=1, min_width=260, elem_id="explore-layer", **layer_range(picker.model, "Layer"))
                 head = CheckedDropdown(head_choices(picker.model), value="mean", allow_custom_value=True, label="Head")
             with gr.Row():
                 point_x = gr.Number(label="x (image pixels)", precision=1, elem_id="point-x")

@@ -20,6 +20,12 @@ from ..ui.picker import Page
 
 TITLE = "Inspect"
 FIGURE_BYTES = 64 * MB  # the tab's matplotlib figures
+FIGURE_7 = """What this model learned, drawn as in the ViT paper's figure 7, and below, what the model is:
+- **Embedding filters**: what the first layer looks for in each patch (the main patterns of its filters).
+- **Position embedding similarity**: which positions the model learned as near each other (each small square is one
+  patch position, bright where another position's embedding resembles its own).
+- **Mean attention distance**: how far each head looks, by depth (the average distance in pixels between a patch
+  and the patches it attends to; one dot per head)."""
 
 
 def estimate(ctx: Context, arguments: dict) -> int:
@@ -58,7 +64,7 @@ def show(ctx: Context, model_choice: str, ticket: float | None, request: gr.Requ
 def build(ctx: Context, page: Page) -> None:
     """The button, the three figures and the summary."""
     picker = page.picker
-    gr.Markdown("The paper's figure 7 for this model, and what it is.")
+    gr.Markdown(FIGURE_7, elem_classes="legend")
     button = gr.Button("Analyse model")
     with gr.Row():
         # labels name the API outputs; each figure has its own title

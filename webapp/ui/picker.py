@@ -106,10 +106,16 @@ def connect(ctx: Context, picker: Picker, demo: gr.Blocks, tabs: Sequence[Fitted
             return (*updates(choice), gr.skip())
         except gr.Error as e:
             status = f"⚠️ {sentence(e.message)} Still using **{active}**."
-            return (status, *[gr.skip()] * (len(fitted) + 2), gr.Dropdown(value=active))
+            # back to the model in use, the choices marked anew: a Hub that stopped answering marks its models
+            back = gr.Dropdown(value=active, choices=ctx.models.choices())
+            return (status, *[gr.skip()] * (len(fitted) + 2), back)
+
+    def on_load(choice: str) -> tuple:
+        return (*updates(choice), gr.Dropdown(choices=ctx.models.choices()))  # marked as they are now
 
     outputs = [picker.status, picker.facts, *fitted, picker.active]
     # Gated, but outside the compute group: a slow download holds no compute slot (``Context.admitted``).
     change = ctx.admitted(on_change, request_only, gpu=False)
     picker.choice.change(change, [picker.choice, picker.active], [*outputs, picker.choice], api_visibility="private")
-    demo.load(ctx.admitted(updates, request_only, gpu=False), picker.choice, outputs, api_visibility="private")
+    load = ctx.admitted(on_load, request_only, gpu=False)
+    demo.load(load, picker.choice, [*outputs, picker.choice], api_visibility="private")
