@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -161,10 +162,12 @@ def test_compare_scores_every_method_then_the_baseline(ctx, photo):
     assert len(gallery) == len(table)
 
 
-def test_batch_maps_with_each_batchable_method_and_refuses_the_others(ctx, photo):
+def test_batch_maps_with_each_batchable_method_and_refuses_the_others(ctx, photo, tmp_path):
+    other = tmp_path / "other.png"  # a second file (the same file listed twice is read once)
+    other.write_bytes(Path(photo).read_bytes())
     for m in methods.METHODS:
         if m.batchable:
-            gallery, _, note = batch.batch(ctx, [photo, photo], ctx.models.default, m.title)
+            gallery, _, note = batch.batch(ctx, [photo, str(other)], ctx.models.default, m.title)
             assert len(gallery) == 2 and note == f"2 image(s) classified; maps: {m.name}"
         else:
             with pytest.raises(gr.Error, match=re.escape(f"{m.title} is on the Classify tab")):
