@@ -32,11 +32,11 @@ from webapp.memory import limit_arenas
 from webapp.models import Models
 from webapp.options import ALL_INTERFACES, Options, add_arguments, configure, serving_host
 from webapp.queueing import ClientLimits, UploadLimits
-from webapp.tabs import batch, classify, compare, explore, inspect
+from webapp.tabs import batch, classify, compare, explore, inspect, train
 from webapp.ui import picker
 from webapp.ui.context import Context
 
-TABS = (classify, explore, compare, batch, inspect)  # the page's tabs, in order: each a module (``webapp.tabs``)
+TABS = (classify, explore, compare, batch, inspect, train)  # the page's tabs, in order: each a module (``webapp.tabs``)
 QUEUE_SIZE = 64  # requests waiting at once, all clients together
 DELETE_CACHE = (300, 900)  # every 5 minutes, delete uploads and outputs older than 15 minutes
 CSS = """

@@ -67,9 +67,20 @@ def zip_directory(path: Path) -> tuple[int, int] | None:
         return (entries, directory) if sig == b"PK\x06\x06" else None
 
 
-def _read_zip(path: Path, budget: list[int], room: list[int]) -> Iterator[tuple[Item, bytes | None]]:
-    """Image members of the archive at ``path``, one at a time: at most ``room[0]`` of them, their bytes
-    charged to ``budget[0]``."""
+def read_zip(path: Path, max_images: int, max_bytes: int) -> Iterator[tuple[Item, bytes | None]]:
+    """The image members of one archive with caps of the caller's (the Train tab's: thousands of images),
+    each ``Item`` named by its path in the archive, as ``read_uploads`` reads them."""
+    prefix = f"{path.name}/"
+    for item, data in _read_zip(path, [max_bytes], [max_images], max_images):
+        item.name = item.name.removeprefix(prefix)
+        yield item, data
+
+
+def _read_zip(
+    path: Path, budget: list[int], room: list[int], cap: int = MAX_IMAGES
+) -> Iterator[tuple[Item, bytes | None]]:
+    """Image members of the archive at ``path``, one at a time: at most ``room[0]`` of them (of ``cap`` in
+    all), their bytes charged to ``budget[0]``."""
     declared = zip_directory(path)
     if declared is not None and (declared[0] > MAX_MEMBERS or declared[1] > MAX_DIRECTORY_BYTES):
         entries, directory = declared
@@ -98,7 +109,7 @@ def _read_zip(path: Path, budget: list[int], room: list[int]) -> Iterator[tuple[
                 continue
             label = f"{path.name}/{info.filename}"
             if room[0] == 0:
-                yield Item(label, error=f"skipped: a batch holds at most {MAX_IMAGES} images"), None
+                yield Item(label, error=f"skipped: at most {cap:,} images are read"), None
                 return
             limit = min(MAX_IMAGE_BYTES, budget[0])
             if info.file_size > limit:
