@@ -8,7 +8,8 @@ image and explanation logic lives in ``vit_core`` and ``webapp``, each tab in a 
 is the page (the picker, then ``TABS``), the launch and the wiring.
 
 Endpoints (``gradio_client``): ``/classify``, ``/explore`` (one patch's attention), ``/compare`` (every method
-with its deletion/insertion AUC), ``/batch`` (many images or a zip -> gallery + CSV) and ``/inspect``.
+with its deletion/insertion AUC), ``/batch`` (many images or a zip -> gallery + CSV), ``/inspect`` and ``/train``
+(fine-tune the chosen model on a zip of labelled photos, progress streamed; the new model's value comes last).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ CSS = """
 /* labels above their component, never over a figure */
 :is(.tiles, #labels) label[data-testid="block-label"] { position: static !important; margin-bottom: 4px; }
 @media (max-width: 640px) {
-  .tab-wrapper button[role="tab"] { padding: 0 9px; }  /* the five tabs in one row at 390 px */
+  .tab-wrapper button[role="tab"] { padding: 0 5px; }  /* the six tabs in one row at 390 px */
   .phone-2-columns .grid-container { --grid-cols: 2 !important; }
   /* the scores table: Gradio fixes each column to its unwrapped width; on phones let whole words wrap instead */
   #compare-table table { width: 100% !important; }

@@ -17,10 +17,12 @@ from PIL import Image
 
 import app
 from webapp.access import ModelError
+from webapp.admission import Busy, Gate, rss
 from webapp.options import Options
 from webapp.tabs import classify, train
 from webapp.training import PRIVATE_PREFIX, Trainer, TrainingBusy
 from webapp.trainset import PUBLIC, Limits, class_of, from_zip
+from webapp.ui.context import Context
 
 SMALL = Limits(max_images=40, max_classes=3, max_minutes=1, max_zip_mb=1)
 
@@ -174,3 +176,25 @@ def test_a_short_run_trains_calibrates_and_serves_a_model_of_the_zip_classes(ctx
     assert set(labels) == {"blue", "red"} and overlay is not None
     assert max(labels, key=labels.get) == "red" and "red (the predicted class)" in explains  # it learned colours
     assert any(str(u[0]).startswith("Training: step") or "Reading" in str(u[0]) for u in updates[1:-1])
+
+
+def test_the_job_holds_its_estimate_in_the_memory_gate(ctx, tmp_path):
+    """A server whose budget cannot hold the training process refuses the job before it starts one, and
+    frees the slot for the next."""
+    small = Context(ctx.models, gate=Gate(max_memory=rss() + train.WORKER_BYTES // 2, max_wait=0))
+    photos = str(two_classes(tmp_path / "p.zip"))
+    with pytest.raises(Busy):
+        list(train.train(small, photos, ctx.models.default, 0.1, False, types.SimpleNamespace(session_hash="g")))
+    assert train.estimate(ctx, {"model_choice": ctx.models.default}) > train.WORKER_BYTES
+    train.trainer_of(small).finish(train.trainer_of(small).start("next", 1))
+
+
+def test_cancel_stops_the_run_and_keeps_the_model_as_it_was(ctx, tmp_path):
+    request = types.SimpleNamespace(session_hash="s2")
+    updates = []
+    for update in train.train(ctx, str(two_classes(tmp_path / "p.zip")), ctx.models.default, 1.0, False, request):
+        updates.append(update)
+        if str(update[0]).startswith("Training: step"):
+            assert "Stopping" in train.cancel(ctx, request)
+    assert "Cancelled" in updates[-1][2] and "uncalibrated" in updates[-1][2]
+    assert train.cancel(ctx, request).startswith("No training job")

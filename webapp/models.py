@@ -135,6 +135,12 @@ class Models:
         with self._lock:
             self.access.private[value] = Choice(value, label, real, None, f"local:{real}")
 
+    def label_of(self, choice: str) -> str:
+        """What the status line calls ``choice``: a model trained here by its label (its value is a token),
+        any other as it was chosen."""
+        private = self.access.private.get(choice)
+        return choice if private is None else private.label
+
     def forget(self, value: str) -> None:
         """Serve ``value`` (``add_private``) no longer, and unload it."""
         with self._lock:

@@ -107,7 +107,7 @@ class Trainer:
             folder = self.root / secrets.token_hex(8)
             folder.mkdir()
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
-            out = (self.runs / f"app-{stamp}-{folder.name[:4]}") if self.runs else folder / "run"
+            out = (self.runs or folder) / f"app-{stamp}-{folder.name[:4]}"
             self._job = Job(session, folder, minutes, self.clock(), out)
             return self._job
 

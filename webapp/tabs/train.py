@@ -65,7 +65,7 @@ def estimate(ctx: Context, arguments: dict) -> int:
 
 
 def _curve(points: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame(points or [{"step": 0, "loss": None}], columns=["step", "loss"])
+    return pd.DataFrame(points, columns=["step", "loss"]).astype({"step": int, "loss": float})
 
 
 def _line(p: dict) -> str:
@@ -186,10 +186,14 @@ def build(ctx: Context, page: Page) -> None:
         f"measure and calibrate the new model, which the picker then switches to. {keep}"
     )
     with gr.Row():
-        photos = gr.File(label="Labelled photos (zip)", file_types=[".zip"], type="filepath", min_width=280)
+        photos = gr.File(
+            label="Labelled photos (zip)", file_types=[".zip"], type="filepath", min_width=280, elem_id="train-photos"
+        )
         with gr.Column(min_width=280):
             top = limits.max_minutes
-            minutes = gr.Slider(0.1, top, value=min(1.0, top), step=0.1, label="Training time (minutes)")
+            minutes = gr.Slider(
+                0.1, top, value=min(1.0, top), step=0.1, label="Training time (minutes)", elem_id="train-minutes"
+            )
             double = gr.Checkbox(label="Twice the input size (position embeddings interpolated)", value=False)
             with gr.Row():
                 start = gr.Button("Train", variant="primary")
