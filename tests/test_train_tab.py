@@ -165,7 +165,7 @@ def test_a_short_run_trains_calibrates_and_serves_a_model_of_the_zip_classes(ctx
     assert "Done" in summary and "red" in summary, updates[-2:]
     value = picker["value"] if isinstance(picker, dict) else picker.value
     assert value.startswith(PRIVATE_PREFIX)
-    with zipfile.ZipFile(download) as zf:
+    with zipfile.ZipFile(download["value"]) as zf:
         names = {Path(n).name for n in zf.namelist()}
     assert {"model.safetensors", "config.json", "README.md", "ood.safetensors"} <= names
     assert "checkpoint.pt" not in names

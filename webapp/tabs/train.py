@@ -135,7 +135,7 @@ def _train(ctx: Context, trainer: Trainer, job, photos: str, init: str, size: in
         found = from_zip(photos, job.data, limits)
     except ValueError as e:
         raise gr.Error(sentence(str(e)), print_exception=False) from None
-    yield f"{found.text()}. Starting…", _curve([]), "", None, skip
+    yield f"{found.text()}. Starting…", _curve([]), "", gr.update(value=None, visible=False), skip
     points, last, result = [], 0.0, None
     try:
         for report in trainer.run(job, init, size):
@@ -154,7 +154,7 @@ def _train(ctx: Context, trainer: Trainer, job, photos: str, init: str, size: in
     summary = _summary(result, trained.value, trained.label)
     mine = [(t.label, t.value) for t in trainer.of_session(job.session)]
     picker = gr.Dropdown(choices=[*ctx.models.choices(), *mine], value=trained.value)
-    yield "Finished.", _curve(points), summary, str(download), picker
+    yield "Finished.", _curve(points), summary, gr.update(value=str(download), visible=True), picker
 
 
 def cancel(ctx: Context, request: gr.Request | None = None) -> str:
@@ -202,7 +202,7 @@ def build(ctx: Context, page: Page) -> None:
     progress = gr.Markdown(elem_id="train-progress")
     curve = gr.LinePlot(_curve([]), x="step", y="loss", label="Training loss", height=220, elem_id="train-curve")
     result = gr.Markdown(elem_id="train-result")
-    download = gr.File(label="Run folder (zip)", interactive=False)
+    download = gr.File(label="Run folder (zip)", interactive=False, visible=False)  # shown with its zip
     outputs = [progress, curve, result, download, page.picker.choice]
     start.click(
         ctx.handler(train, None),
