@@ -48,8 +48,11 @@ def two_classes(path: Path, per_class: int = 8) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ctx():
-    return app.setup("bundled")
+def ctx(tmp_path_factory):
+    """A local server's context, whose Train tab writes its run folders to a temporary folder."""
+    ctx = app.setup("bundled")
+    train._TRAINERS[ctx.models] = Trainer(ctx.models, tmp_path_factory.mktemp("runs"), ttl=None)
+    return ctx
 
 
 @pytest.fixture(scope="module")
