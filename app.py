@@ -8,7 +8,8 @@ image and explanation logic lives in ``vit_core`` and ``webapp``, each tab in a 
 is the page (the picker, then ``TABS``), the launch and the wiring.
 
 Endpoints (``gradio_client``): ``/classify``, ``/explore`` (one patch's attention), ``/compare`` (every method
-with its deletion/insertion AUC), ``/batch`` (many images or a zip -> gallery + CSV) and ``/inspect``.
+with its deletion/insertion AUC), ``/batch`` (many images or a zip -> gallery + CSV), ``/inspect`` and ``/train``
+(fine-tune the chosen model on a zip of labelled photos, progress streamed; the new model's value comes last).
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ from webapp.models import Models
 from webapp.options import ALL_INTERFACES, Options, add_arguments, configure, serving_host
 from webapp.queueing import ClientLimits, UploadLimits
 from webapp.sessions import Sessions
-from webapp.tabs import batch, classify, compare, explore, inspect
+from webapp.tabs import batch, classify, compare, explore, inspect, train
 from webapp.ui import picker
 from webapp.ui.context import Context
 
-TABS = (classify, explore, compare, batch, inspect)  # the page's tabs, in order: each a module (``webapp.tabs``)
+TABS = (classify, explore, compare, batch, inspect, train)  # the page's tabs, in order: each a module (``webapp.tabs``)
 QUEUE_SIZE = 64  # requests waiting at once, all clients together
 DELETE_CACHE = (300, 900)  # every 5 minutes, delete uploads and outputs older than 15 minutes
 CSS = """
@@ -77,7 +78,7 @@ CSS = """
 footer .show-api { display: flex !important; }
 footer .show-api-divider { display: block !important; }
 @media (max-width: 640px) {
-  .tab-wrapper button[role="tab"] { padding: 0 9px; }  /* the five tabs in one row at 390 px */
+  .tab-wrapper button[role="tab"] { padding: 0 5px; }  /* the six tabs in one row at 390 px */
   .phone-2-columns .grid-container { --grid-cols: 2 !important; }
   /* the scores table: Gradio fixes each column to its unwrapped width; on phones let whole words wrap instead */
   #compare-table table { width: 100% !important; }

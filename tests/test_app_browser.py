@@ -21,6 +21,7 @@ import re
 import shutil
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,8 @@ WAIT = int(os.environ.get("VIT_BROWSER_WAIT_MS", 600_000))
 SHOTS = Path(os.environ.get("VIT_SCREENSHOTS") or Path(tempfile.gettempdir()) / "vit_core_screenshots")
 EXAMPLE_PHOTOS = sorted((ROOT / "examples").glob("*.jpg"))
 FIGURES = ("#fig-filters", "#fig-similarity", "#fig-distance")
-TABS = ("Classify", "Explore", "Compare", "Batch", "Inspect")
+TABS = ("Classify", "Explore", "Compare", "Batch", "Inspect", "Train")
+PHOTOS = ROOT.parent / "shared" / "data" / "photos" / "ants_and_bees" / "train"  # a few for the Train tab
 
 
 @pytest.fixture(scope="module")
@@ -485,6 +487,40 @@ def test_an_imagenet_model_in_transformers_layout_shows_its_labels_and_map(page,
     _tab(page, "Explore")
     _click_patch(page)
     page.wait_for_function("() => document.querySelector('#patch-text textarea')?.value.includes('14x14 token grid')")
+
+
+def _labelled_zip(path: Path, per_class: int = 8) -> Path:
+    """``per_class`` photos of each of ``PHOTOS``'s classes in a zip, one folder per class."""
+    with zipfile.ZipFile(path, "w") as zf:
+        for folder in sorted(PHOTOS.iterdir()):
+            for photo in sorted(folder.iterdir())[:per_class]:
+                zf.write(photo, f"{folder.name}/{photo.name}")
+    return path
+
+
+@pytest.mark.skipif(not PHOTOS.is_dir(), reason="../shared/data/photos/ants_and_bees is absent")
+def test_train_a_small_zip_then_the_picker_switches_and_classify_explains_the_new_model(page, tmp_path):
+    """Six seconds of fine-tuning on 8 ants and 8 bees: progress shows, the picker switches to the new model,
+    and Classify explains a photo with its classes."""
+    before = set((ROOT / "runs").glob("app-*"))
+    _tab(page, "Train")
+    page.locator("#train-photos input[type=file]").set_input_files(str(_labelled_zip(tmp_path / "ab.zip")))
+    page.locator("#train-photos").get_by_text("ab.zip").wait_for()
+    minutes = page.locator("#train-minutes input[type=number]")
+    minutes.fill("0.1")
+    minutes.press("Enter")
+    page.get_by_role("button", name="Train", exact=True).click()
+    page.locator("#train-progress").get_by_text(re.compile("^Training: step")).wait_for()
+    _shot(page, "train_during", "#train-progress")
+    page.locator("#train-result").get_by_text("Done").wait_for()
+    page.locator("#status").get_by_text(re.compile("Loaded Trained here at .*ants, bees")).wait_for()
+    assert "2 classes" in _text(page, "#status")
+    _shot(page, "train_after", "#train-result")
+    _tab(page, "Classify")
+    _upload(page, sorted((PHOTOS / "ants").iterdir())[-1])
+    assert re.search(r"\b(ants|bees)\b", _text(page, "#explains")), _text(page, "#explains")
+    for run in set((ROOT / "runs").glob("app-*")) - before:  # a local server writes its runs there
+        shutil.rmtree(run)
 
 
 def test_a_model_that_fails_to_load_says_so_and_the_previous_stays(page):

@@ -84,7 +84,7 @@ def test_a_tab_added_as_one_module_and_one_entry_is_built_gated_with_its_estimat
     ctx = Context(ctx.models, gate=Gate(max_memory=rss() + (2 << 30)))
     demo = app.build_ui(ctx)
     tabs = [b.label for b in demo.blocks.values() if isinstance(b, gr.Tab)]
-    assert tabs == ["Classify", "Explore", "Compare", "Batch", "Inspect", "Dummy"]
+    assert tabs == ["Classify", "Explore", "Compare", "Batch", "Inspect", "Train", "Dummy"]
     demo.queue().launch(server_port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
         client, choice = Client(demo.local_url, verbose=False), ctx.models.default

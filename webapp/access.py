@@ -123,6 +123,9 @@ class Access:
     def __init__(self, listed: list[Choice], allow_any: bool, public: bool) -> None:
         self.allow_any, self.public = allow_any, public
         self.listed: list[Choice] = []
+        # models trained here (``webapp.training``), by a value only their trainer's session knows: served to
+        # whoever sends it, in public mode too, and shown in no one else's picker
+        self.private: dict[str, Choice] = {}
         for choice in listed:
             self.add(choice)
 
@@ -145,6 +148,8 @@ class Access:
         text = (text or "").strip()
         if not text:
             raise ModelError("Choose a model first.")
+        if text in self.private:
+            return self.private[text]
         for choice in self.listed:
             if text in (choice.value, choice.label):
                 return choice

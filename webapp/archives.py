@@ -70,10 +70,22 @@ def zip_directory(path: Path) -> tuple[int, int] | None:
         return (entries, directory) if sig == b"PK\x06\x06" else None
 
 
-def _read_zip(path: Path, budget: list[int], room: list[int], parse: list[int]) -> Iterator[tuple[Item, bytes | None]]:
-    """Image members of the archive at ``path``, one at a time: at most ``room[0]`` of them, their bytes
-    charged to ``budget[0]``; its directory's entries and bytes charged to ``parse`` (what is left of
-    ``MAX_MEMBERS`` and ``MAX_DIRECTORY_BYTES`` for the whole batch) before it is read."""
+def read_zip(path: Path, max_images: int, max_bytes: int) -> Iterator[tuple[Item, bytes | None]]:
+    """The image members of one archive with caps of the caller's (the Train tab's: thousands of images),
+    each ``Item`` named by its path in the archive, as ``read_uploads`` reads them."""
+    prefix = f"{path.name}/"
+    parse = [MAX_MEMBERS, MAX_DIRECTORY_BYTES]
+    for item, data in _read_zip(path, [max_bytes], [max_images], parse, max_images):
+        item.name = item.name.removeprefix(prefix)
+        yield item, data
+
+
+def _read_zip(
+    path: Path, budget: list[int], room: list[int], parse: list[int], cap: int = MAX_IMAGES
+) -> Iterator[tuple[Item, bytes | None]]:
+    """Image members of the archive at ``path``, one at a time: at most ``room[0]`` of them (of ``cap`` in
+    all), their bytes charged to ``budget[0]``; its directory's entries and bytes charged to ``parse`` (what is
+    left of ``MAX_MEMBERS`` and ``MAX_DIRECTORY_BYTES`` for the whole request) before it is read."""
     declared = zip_directory(path)
     if declared is not None and (declared[0] > parse[0] or declared[1] > parse[1]):
         entries, directory = declared
@@ -106,7 +118,7 @@ def _read_zip(path: Path, budget: list[int], room: list[int], parse: list[int]) 
                 continue
             label = f"{path.name}/{info.filename}"
             if room[0] == 0:
-                yield Item(label, error=f"skipped: a batch holds at most {MAX_IMAGES} images"), None
+                yield Item(label, error=f"skipped: at most {cap:,} images are read"), None
                 return
             limit = min(MAX_IMAGE_BYTES, budget[0])
             if info.file_size > limit:

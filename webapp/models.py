@@ -147,6 +147,26 @@ class Models:
             return None
         return Path(c.source) if c.local and Path(c.source).is_dir() else None
 
+    def add_private(self, value: str, label: str, folder: Path) -> None:
+        """Serve the run folder ``folder`` (a model trained here) as ``value``, to whoever sends that value."""
+        real = os.path.realpath(folder)
+        with self._lock:
+            self.access.private[value] = Choice(value, label, real, None, f"local:{real}")
+
+    def label_of(self, choice: str) -> str:
+        """What the status line calls ``choice``: a model trained here by its label (its value is a token),
+        any other as it was chosen."""
+        private = self.access.private.get(choice)
+        return choice if private is None else private.label
+
+    def forget(self, value: str) -> None:
+        """Serve ``value`` (``add_private``) no longer, and unload it."""
+        with self._lock:
+            choice = self.access.private.pop(value, None)
+            dropped = choice is not None and self._loaded.pop(choice.key, None) is not None
+        if dropped:
+            release_memory()
+
     # ------------------------------------------------------------------------ loading
 
     def set_default(self, model: str) -> str:

@@ -95,7 +95,8 @@ def connect(ctx: Context, picker: Picker, demo: gr.Blocks, tabs: Sequence[Fitted
         model, _ = ctx.models.load(choice)
         cfg = model.config
         size = f"{model_info.format_count(model.num_params())} parameters, {cfg.num_classes} classes"
-        status = f"Loaded **{choice}** ({cfg.name + ', ' if cfg.name else ''}{size}).{ctx.models.note(choice)}"
+        name = ctx.models.label_of(choice)  # a model trained here: its label, not its token
+        status = f"Loaded **{name}** ({cfg.name + ', ' if cfg.name else ''}{size}).{ctx.models.note(choice)}"
         return (status, model_info.facts(model), *(u for tab in tabs for u in tab.fit(model, ctx.device)), choice)
 
     def on_change(choice: str, active: str, progress: gr.Progress = gr.Progress()):  # noqa: B008 (Gradio's idiom)

@@ -1,0 +1,203 @@
+"""The Train tab (``webapp.tabs.train``, ``webapp.training``, ``webapp.trainset``): a zip of labelled photos becomes a
+folder of re-encoded images under names of ours (no member path reaches the disk), the limits refuse what breaks
+them, one job runs at a time across the server, a trained model is served to its session under a private value
+(public mode too, where local paths are refused) and deleted after its time (an injected clock), a public server
+refuses to push, and a short run trains, calibrates and serves a model of the zip's classes."""
+
+from __future__ import annotations
+
+import io
+import types
+import zipfile
+from pathlib import Path
+
+import gradio as gr
+import pytest
+from PIL import Image
+
+import app
+from webapp.access import ModelError
+from webapp.admission import Busy, Gate, rss
+from webapp.options import Options
+from webapp.tabs import classify, train
+from webapp.training import PRIVATE_PREFIX, Trainer, TrainingBusy
+from webapp.trainset import PUBLIC, Limits, class_of, from_zip
+from webapp.ui.context import Context
+
+SMALL = Limits(max_images=40, max_classes=3, max_minutes=1, max_zip_mb=1)
+
+
+def _jpeg(colour: tuple[int, int, int], size: int = 40) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (size, size), colour).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def make_zip(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def two_classes(path: Path, per_class: int = 8) -> Path:
+    """Reddish and bluish squares, a little different each, in ``red/`` and ``blue/``."""
+    members = {f"photos/red/{i}.jpg": _jpeg((200 + 5 * i, 20 * i, 10)) for i in range(per_class)}
+    members |= {f"photos/blue/{i}.jpg": _jpeg((10, 20 * i, 200 + 5 * i)) for i in range(per_class)}
+    return make_zip(path, members)
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory):
+    """A local server's context, whose Train tab writes its run folders to a temporary folder."""
+    ctx = app.setup("bundled")
+    train._TRAINERS[ctx.models] = Trainer(ctx.models, tmp_path_factory.mktemp("runs"), ttl=None)
+    return ctx
+
+
+@pytest.fixture(scope="module")
+def public_ctx():
+    return app.setup("bundled", options=Options(public=True, allow_any=False))
+
+
+# ------------------------------------------------------------------------------------ the zip
+
+
+def test_zip_becomes_a_folder_of_reencoded_images_under_our_names(tmp_path):
+    members = {
+        "photos/ants/a.jpg": _jpeg((255, 0, 0)),
+        "photos/ants/b.png": _jpeg((250, 0, 0)),  # a JPEG named .png: decoded by its content
+        "../../escape/x.jpg": _jpeg((0, 0, 255)),  # a path out of the archive: only its folder's name counts
+        "escape/y.jpg": _jpeg((0, 0, 250)),
+        "__MACOSX/photos/ants/._a.jpg": b"junk",
+        "top.jpg": _jpeg((0, 255, 0)),  # in no class folder
+        "photos/ants/broken.jpg": b"not an image",
+        "we<ird>:na|me/z.jpg": _jpeg((9, 9, 9)),
+        "we<ird>:na|me/w.jpg": _jpeg((8, 8, 8)),
+    }
+    found = from_zip(make_zip(tmp_path / "p.zip", members), tmp_path / "data", SMALL)
+    assert found.counts == {"ants": 2, "escape": 2, "weirdname": 2}
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert written == [
+        "data/ants/00000.jpg",
+        "data/ants/00001.jpg",
+        "data/escape/00000.jpg",
+        "data/escape/00001.jpg",
+        "data/weirdname/00000.jpg",
+        "data/weirdname/00001.jpg",
+        "p.zip",
+    ]
+    assert Image.open(tmp_path / "data/ants/00000.jpg").size == (40, 40)
+    assert any("top.jpg" in s for s in found.skipped) and any("broken.jpg" in s for s in found.skipped)
+    assert class_of("a/../c.jpg") is None and class_of("a/.hidden/c.jpg") == "hidden"  # a name, never a path
+
+
+def test_limits_refuse_what_breaks_them(tmp_path):
+    with pytest.raises(ValueError, match="at least 2 class"):
+        from_zip(make_zip(tmp_path / "one.zip", {"a/1.jpg": _jpeg((1, 1, 1))}), tmp_path / "d1", SMALL)
+    with pytest.raises(ValueError, match="at least 2 images"):
+        lone = {"a/1.jpg": _jpeg((1, 1, 1)), "a/2.jpg": _jpeg((1, 1, 1)), "b/1.jpg": _jpeg((2, 2, 2))}
+        from_zip(make_zip(tmp_path / "lone.zip", lone), tmp_path / "d2", SMALL)
+    with pytest.raises(ValueError, match="More than 3 classes"):
+        many = {f"c{i}/{j}.jpg": _jpeg((i, j, 0)) for i in range(4) for j in range(2)}
+        from_zip(make_zip(tmp_path / "many.zip", many), tmp_path / "d3", SMALL)
+    found = from_zip(two_classes(tmp_path / "big.zip", per_class=30), tmp_path / "d4", SMALL)
+    assert sum(found.counts.values()) == SMALL.max_images  # the rest is not read
+    assert any(f"at most {SMALL.max_images}" in s for s in found.skipped)
+    big = make_zip(tmp_path / "mb.zip", {"a/1.jpg": _jpeg((1, 1, 1)), "a/pad.bin": bytes(1 << 20)})
+    with pytest.raises(ValueError, match="at most 1 MB"):
+        from_zip(big, tmp_path / "d5", SMALL)
+    assert "2,000 images" in PUBLIC.text() and "5 minutes" in PUBLIC.text() and "50 MB" in PUBLIC.text()
+
+
+# ------------------------------------------------------------------------------------ jobs and sessions
+
+
+def test_one_job_at_a_time_across_the_server(ctx):
+    clock = [1000.0]
+    trainer = Trainer(ctx.models, None, ttl=None, clock=lambda: clock[0])
+    job = trainer.start("visitor-a", minutes=3)
+    clock[0] += 60
+    with pytest.raises(TrainingBusy, match="try again in 3 min"):
+        trainer.start("visitor-b", minutes=1)
+    assert not trainer.cancel("visitor-b") and trainer.cancel("visitor-a") and job.stop_file.exists()
+    trainer.finish(job)
+    trainer.finish(trainer.start("visitor-b", minutes=1))
+
+
+def test_trained_model_served_to_its_session_in_public_mode_and_deleted_after_an_hour(public_ctx, tmp_path):
+    models = public_ctx.models
+    clock = [5000.0]
+    trainer = Trainer(models, None, ttl=3600, clock=lambda: clock[0])
+    job = trainer.start("visitor", minutes=1)
+    job.out.mkdir()
+    app_model = models.folder_of(models.default)
+    for path in app_model.iterdir():
+        if path.is_file():
+            (job.out / path.name).write_bytes(path.read_bytes())
+    with pytest.raises(ModelError):  # public mode loads no local path it is sent
+        models.access.resolve(str(job.out))
+    trained = trainer.register(job, ["a", "b"])
+    trainer.finish(job)
+    assert trained.value.startswith(PRIVATE_PREFIX) and str(job.out) not in trained.value
+    assert models.get(trained.value, wait=60)[0].config.num_classes == 10
+    assert [t.value for t in trainer.of_session("visitor")] == [trained.value] and not trainer.of_session("other")
+    clock[0] += 3599
+    assert trainer.sweep() == [] and job.out.is_dir()
+    clock[0] += 2
+    assert trainer.sweep() == [trained.value]
+    assert not job.folder.exists() and models.loaded(trained.value) is None
+    with pytest.raises(gr.Error):
+        models.get(trained.value)
+
+
+def test_public_server_refuses_to_push(public_ctx):
+    with pytest.raises(gr.Error, match="does not push"):
+        train.push(public_ctx, "me/model", "hf_token")
+
+
+# ------------------------------------------------------------------------------------ a short run
+
+
+def test_a_short_run_trains_calibrates_and_serves_a_model_of_the_zip_classes(ctx, tmp_path):
+    """Six seconds of training from the bundled model on two classes; the last update switches the picker to the
+    new model, which Classify then explains with the zip's class names."""
+    request = types.SimpleNamespace(session_hash="s1")
+    updates = list(train.train(ctx, str(two_classes(tmp_path / "p.zip")), ctx.models.default, 0.1, False, request))
+    _, _, summary, download, picker = updates[-1]
+    assert "Done" in summary and "red" in summary, updates[-2:]
+    value = picker["value"] if isinstance(picker, dict) else picker.value
+    assert value.startswith(PRIVATE_PREFIX)
+    with zipfile.ZipFile(download["value"]) as zf:
+        names = {Path(n).name for n in zf.namelist()}
+    assert {"model.safetensors", "config.json", "README.md", "ood.safetensors"} <= names
+    assert "checkpoint.pt" not in names
+    model, _ = ctx.models.get(value, wait=60)
+    assert model.label_names == ["blue", "red"] and model.calibration is not None
+    Image.new("RGB", (40, 40), (230, 40, 10)).save(tmp_path / "red.jpg")
+    labels, overlay, _, _, explains, _ = classify.classify(ctx, str(tmp_path / "red.jpg"), value)
+    assert set(labels) == {"blue", "red"} and overlay is not None
+    assert max(labels, key=labels.get) == "red" and "red (the predicted class)" in explains  # it learned colours
+    assert any(str(u[0]).startswith("Training: step") or "Reading" in str(u[0]) for u in updates[1:-1])
+
+
+def test_the_job_holds_its_estimate_in_the_memory_gate(ctx, tmp_path):
+    """A server whose budget cannot hold the training process refuses the job before it starts one, and
+    frees the slot for the next."""
+    small = Context(ctx.models, gate=Gate(max_memory=rss() + train.WORKER_BYTES // 2, max_wait=0))
+    photos = str(two_classes(tmp_path / "p.zip"))
+    with pytest.raises(Busy):
+        list(train.train(small, photos, ctx.models.default, 0.1, False, types.SimpleNamespace(session_hash="g")))
+    assert train.estimate(ctx, {"model_choice": ctx.models.default}) > train.WORKER_BYTES
+    train.trainer_of(small).finish(train.trainer_of(small).start("next", 1))
+
+
+def test_cancel_stops_the_run_and_keeps_the_model_as_it_was(ctx, tmp_path):
+    request = types.SimpleNamespace(session_hash="s2")
+    updates = []
+    for update in train.train(ctx, str(two_classes(tmp_path / "p.zip")), ctx.models.default, 1.0, False, request):
+        updates.append(update)
+        if str(update[0]).startswith("Training: step"):
+            assert "Stopping" in train.cancel(ctx, request)
+    assert "Cancelled" in updates[-1][2] and "uncalibrated" in updates[-1][2]
+    assert train.cancel(ctx, request).startswith("No training job")

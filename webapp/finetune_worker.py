@@ -1,0 +1,51 @@
+"""The Train tab's training process: ``python -m webapp.finetune_worker JOB.json`` runs
+``vit_core.finetune.finetune_folder`` on the job's folder and prints one JSON line per progress report (the
+``Progress`` fields), then a ``{"result": ...}`` line. It stops after the current step once the job's stop file
+exists (the Cancel button). Everything else it prints goes to its log (stderr).
+
+A process of its own rather than a thread of the server (``webapp.training``): torch's thread count is
+process-wide (``torch.set_num_threads`` in a thread would slow every other visitor's Classify), a process's
+memory goes back to the system when it ends, and a crash or a kill takes the job only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from vit_core.finetune import finetune_folder
+
+
+def main(job_file: str) -> None:
+    reports = os.fdopen(os.dup(1), "w")  # the reports' own pipe; whatever else is printed goes to the log
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def _emit(record: dict) -> None:
+        reports.write(json.dumps(record) + "\n")
+        reports.flush()
+
+    job = json.loads(Path(job_file).read_text())
+    torch.set_num_threads(job["threads"])
+    stop = Path(job["stop_file"])
+    result = finetune_folder(
+        job["data"],
+        job["init"],
+        job["out"],
+        minutes=job["minutes"],
+        image_size=job["image_size"],
+        on_progress=lambda p: _emit(dataclasses.asdict(p)),
+        should_stop=stop.exists,
+        overrides=job.get("overrides"),
+    )
+    fields = ("complete", "classes", "train_images", "val_images", "val_accuracy", "temperature", "ood_threshold")
+    _emit({"result": {name: getattr(result, name) for name in fields} | {"steps": result.steps}})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
