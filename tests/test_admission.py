@@ -182,13 +182,14 @@ def test_every_compute_listener_is_gated_and_in_one_concurrency_group():
     page = {"classify_page", "classify_new", "explore_picture", "explore_point", "explore_clicked", "explore_page"}
     page |= {"compare_page", "batch_page", "batch_new", "inspect_page"}
     assert sorted(compute) == sorted(api | page)
-    # every other queued event is the picker's (gated, outside the group) or the Train tab's (its job holds the
-    # gate while its process trains, for minutes: a compute slot would stop Classify); the rest clear outputs
+    # every other queued event is the picker's (gated, outside the group: a choice, and the page's load, which
+    # marks the models that cannot load now) or the Train tab's (its job holds the gate while its process trains,
+    # for minutes: a compute slot would stop Classify); the rest clear outputs
     others = [fn for fn in demo.fns.values() if fn.concurrency_id != admission.COMPUTE and fn.queue is not False]
-    allowed = ("on_change", "updates", "train", "cancel", "push")
+    allowed = ("on_change", "on_load", "train", "cancel", "push")
     assert others and all(fn.name in allowed for fn in others), [fn.name for fn in others]
     gated = {fn.api_name or fn.name for fn in demo.fns.values() if getattr(fn.fn, "__wrapped__", None) is not None}
-    assert gated >= api | {"on_change", "updates"} and not gated & page
+    assert gated >= api | {"on_change", "on_load"} and not gated & page
     assert "held" in inspect.signature(fresh.answer).parameters  # required: no page request without the gate
 
     ctx.gate = Gate(max_memory=1)  # nothing fits
