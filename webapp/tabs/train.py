@@ -199,9 +199,9 @@ def build(ctx: Context, page: Page) -> None:
             with gr.Row():
                 start = gr.Button("Train", variant="primary")
                 stop = gr.Button("Cancel")
-    progress = gr.Markdown(elem_id="train-progress")
+    progress = gr.Markdown(label="Progress", elem_id="train-progress")
     curve = gr.LinePlot(_curve([]), x="step", y="loss", label="Training loss", height=220, elem_id="train-curve")
-    result = gr.Markdown(elem_id="train-result")
+    result = gr.Markdown(label="Result", elem_id="train-result")
     download = gr.File(label="Run folder (zip)", interactive=False, visible=False)  # shown with its zip
     outputs = [progress, curve, result, download, page.picker.choice]
     start.click(
@@ -216,5 +216,5 @@ def build(ctx: Context, page: Page) -> None:
         repo = gr.Textbox(label="Hub repo (owner/name)", scale=2)
         token = gr.Textbox(label="Hugging Face token", type="password", scale=2)
         upload = gr.Button("Push to the Hub", scale=1)
-    pushed = gr.Markdown()
+    pushed = gr.Markdown(label="Pushed to the Hub")
     upload.click(ctx.handler(push, None), [repo, token], pushed, api_visibility="private")
