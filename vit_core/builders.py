@@ -28,6 +28,7 @@ from .data import (
     class_subset,
     fixed_subset,
 )
+from .data.photos import with_photos
 from .distributed import seed_all
 from .hybrid import ConvStem, whitening_weights
 from .model import VisionTransformer
@@ -49,6 +50,8 @@ def build_datasets(recipe: Recipe, pretrained_cfg: dict[str, Any]) -> tuple[Data
     except ValueError as e:  # e.g. a RandAugment spec timm cannot parse
         raise RecipeError(f"augment: {e}") from None
     train_set = class_subset(load_data(recipe.data, "train", train_tf, recipe.train_subset), recipe.classes)
+    if recipe.photos is not None:
+        train_set = with_photos(train_set, recipe.photos, pretrained_cfg, recipe.seed)
     test_set = class_subset(
         load_data(recipe.data, "test", build_transform(pretrained_cfg), recipe.eval_subset), recipe.classes
     )
@@ -81,13 +84,17 @@ def build_network(
     recipe: Recipe, init: VisionTransformer | None, classes: list[str] | None, train_set: Dataset | None = None
 ) -> nn.Module:
     """What the optimizer trains: ``init`` with a new zero-initialised head for ``classes`` (the paper's
-    fine-tuning), or a model from scratch initialised as ``weight_init`` and ``stem_init`` say, its whitening
-    filters (a conv stem's ``stem_whiten``) computed from ``train_set``; wrapped for masked patch prediction when
-    ``task='mpp'``; or a timm CNN baseline (``vit_core.cnn``) with timm's initialisation. Seeded with the
-    recipe's seed, so every process builds the same weights."""
+    fine-tuning; with ``keep_head``, its own head, whose classes must be ``classes``), or a model from scratch
+    initialised as ``weight_init`` and ``stem_init`` say, its whitening filters (a conv stem's ``stem_whiten``)
+    computed from ``train_set``; wrapped for masked patch prediction when ``task='mpp'``; or a timm CNN baseline
+    (``vit_core.cnn``) with timm's initialisation. Seeded with the recipe's seed, so every process builds the
+    same weights."""
     seed_all(recipe.seed)
     if init is not None:
-        init.reset_classifier(len(classes or ()), classes)
+        if not recipe.keep_head:
+            init.reset_classifier(len(classes or ()), classes)
+        elif init.class_names != list(classes or ()):
+            raise RecipeError(f"keep_head: the checkpoint's classes {init.class_names} are not the data's {classes}")
         model = init.train()
     elif is_cnn(recipe.model):
         cfg = recipe.scratch_config(classes)

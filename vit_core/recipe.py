@@ -18,6 +18,7 @@ from typing import Any
 from .cnn import is_cnn
 from .config import ViTConfig, get_config
 from .data import check_augment
+from .data.photos import check_photos
 
 
 class RecipeError(ValueError):
@@ -38,6 +39,7 @@ class Recipe:
     # filters, as many as its input channels, pass their input through; ConvStem.dirac_)
     stem_init: str = "pytorch"
     init: str | None = None  # fine-tune from a checkpoint: run folder, Hub id or timm:<name>; new zero head
+    keep_head: bool = False  # fine-tuning on the checkpoint's own classes: keep its head instead of a new one
     task: str = "classify"  # "classify", or "mpp": masked patch prediction pre-training (section 4.6)
     # --- the data
     data: str = "cifar10"  # mnist | fashion-mnist | cifar10 | a folder | hf:<name> (vit_core.data)
@@ -45,6 +47,9 @@ class Recipe:
     eval_subset: int | None = None  # evaluate on this many test images (fixed shuffle); None: all
     # only these of the data's classes, labelled in this order (after the subsets): open-set experiments
     classes: list[str] | None = None
+    # real photos added to the in-memory training images, shrunk as the app shrinks them (vit_core.data.photos):
+    # {"folder": "photos/cats_and_dogs", "classes": {"cats": "cat", "dogs": "dog"}, "copies": 3}
+    photos: dict[str, Any] | None = None
     augment: dict[str, Any] = field(default_factory=dict)  # vit_core.data.AUGMENT_DEFAULTS keys
     mixup: float = 0.0  # Mixup alpha; 0: off
     cutmix: float = 0.0  # CutMix alpha; 0: off
@@ -188,6 +193,9 @@ class Recipe:
             problems.append(f"grad_clip must be > 0 or None, got {self.grad_clip}")
         if self.init is not None and self.model is not None:
             problems.append("give either model (train from scratch) or init (fine-tune a checkpoint), not both")
+        if self.keep_head and self.init is None:
+            problems.append("keep_head keeps a fine-tuned checkpoint's head: give init")
+        problems += check_photos(self.photos)
         if self.init is not None and self.stem_init != "pytorch":
             problems.append("stem_init initialises a model trained from scratch; a fine-tuned one keeps its weights")
         derived = sorted({"num_classes", "label_names"} & set(self.model_args))

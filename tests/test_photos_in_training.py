@@ -1,0 +1,91 @@
+"""Real photos folded into training (``vit_core.data.photos``, the recipe's ``photos``) and fine-tuning with the
+checkpoint's own head (``keep_head``): issue #45's fine-tune of the bundled model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from vit_core import VisionTransformer
+from vit_core.builders import build_network
+from vit_core.config import ViTConfig
+from vit_core.data import InMemoryImageDataset, build_transform
+from vit_core.data.images import ImageDataError
+from vit_core.data.photos import photo_images, with_photos
+from vit_core.recipe import Recipe, RecipeError
+
+CFG = {"input_size": (3, 32, 32), "mean": (0.5,) * 3, "std": (0.25,) * 3, "interpolation": "bicubic"}
+SQUASH = CFG | {"crop_pct": 1.0, "crop_mode": "squash"}
+SPEC = {"folder": "", "classes": {"cats": "cat", "dogs": "dog"}, "copies": 3}
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """cats/ and dogs/ with two photos each (a gradient, so crops and colour changes show), train/ and val/."""
+    for split in ("train", "val"):
+        for k, name in enumerate(("cats", "dogs")):
+            (tmp_path / split / name).mkdir(parents=True)
+            for i in range(2):
+                x = torch.linspace(0, 255, 120)[None, :, None] * torch.ones(90, 1, 3)
+                x[..., k] = 40 * (i + 1)
+                Image.fromarray(x.byte().numpy()).save(tmp_path / split / name / f"{i}.jpg")
+    return tmp_path
+
+
+def test_the_first_copy_is_what_the_app_sees_and_the_others_differ(folder):
+    names = ["airplane", "cat", "dog"]
+    ds = photo_images(SPEC | {"folder": str(folder)}, names, SQUASH, seed=0)
+    assert ds.images.shape == (12, 3, 32, 32) and ds.images.dtype == torch.uint8
+    assert ds.targets.tolist() == [1] * 6 + [2] * 6  # cats -> "cat", dogs -> "dog", 3 copies each, train/ only
+    for i, path in enumerate(sorted((folder / "train").glob("*/*.jpg"))):
+        photo = Image.open(path).convert("RGB")
+        # the reference: PIL's own bicubic resize of the whole photo (the app's squash), then the eval normalisation
+        reference = torch.tensor(list(photo.resize((32, 32), Image.Resampling.BICUBIC).getdata())).T.reshape(3, 32, 32)
+        assert torch.equal(ds.images[3 * i], reference.byte())
+        app = build_transform(SQUASH)(photo)  # what the app feeds the model for this upload
+        assert torch.allclose((ds.images[3 * i].float() / 255 - 0.5) / 0.25, app, atol=1e-5)
+        for copy in (1, 2):  # another crop, colour, blur, compression: not the same picture
+            assert (ds.images[3 * i + copy].float() - ds.images[3 * i].float()).abs().mean() > 2
+    again = photo_images(SPEC | {"folder": str(folder)}, names, SQUASH, seed=0)
+    assert torch.equal(again.images, ds.images)  # one seed, one set of images
+    assert not torch.equal(photo_images(SPEC | {"folder": str(folder)}, names, SQUASH, seed=1).images, ds.images)
+
+
+def test_photos_join_an_in_memory_training_set(folder):
+    base = InMemoryImageDataset(
+        torch.zeros(5, 3, 32, 32, dtype=torch.uint8), torch.arange(5) % 3, ["airplane", "cat", "dog"], "tf"
+    )
+    joined = with_photos(base, SPEC | {"folder": str(folder), "copies": 1}, SQUASH, seed=0)
+    assert len(joined) == 9 and joined.transform == "tf" and joined.classes == base.classes
+    assert torch.equal(joined.images[:5], base.images) and joined.targets[5:].tolist() == [1, 1, 2, 2]
+    with pytest.raises(ImageDataError, match="not among"):
+        with_photos(base, SPEC | {"folder": str(folder), "classes": {"cats": "horse"}}, SQUASH, seed=0)
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"photos": {"folder": "x", "classes": {"a": "b"}}}, "exactly the keys"),
+        ({"photos": {"folder": "x", "classes": {"a": "b"}, "copies": 0}}, "copies must be"),
+        ({"photos": {"folder": "x", "classes": [], "copies": 1}}, "classes must map"),
+        ({"keep_head": True}, "keep_head keeps a fine-tuned checkpoint's head"),
+    ],
+)
+def test_recipes_with_bad_photos_or_keep_head_are_refused(bad, match):
+    with pytest.raises(RecipeError, match=match):
+        Recipe.from_dict(bad)
+
+
+def test_keep_head_fine_tunes_the_checkpoints_own_classifier():
+    cfg = ViTConfig(img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, num_classes=3)
+    classes = ["airplane", "cat", "dog"]
+    init = VisionTransformer(cfg.replace(label_names=classes))
+    torch.nn.init.normal_(init.head.weight)
+    head = init.head.weight.detach().clone()
+    recipe = Recipe.from_dict({"init": "x", "keep_head": True})
+    assert torch.equal(build_network(recipe, init, classes).head.weight, head)
+    with pytest.raises(RecipeError, match="keep_head"):
+        build_network(recipe, init, ["cat", "dog", "ship"])
+    fresh = build_network(Recipe.from_dict({"init": "x"}), init, classes)  # the paper's fine-tuning: a zero head
+    assert not fresh.head.weight.any()
