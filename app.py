@@ -40,6 +40,7 @@ DELETE_CACHE = (300, 900)  # every 5 minutes, delete uploads and outputs older t
 CSS = """
 .verdict p { font-size: 1.6rem; font-weight: 600; margin: 0; }
 .verdict.quiet p { font-size: 1.05rem; font-weight: 500; }
+.verdict p + p { font-size: 1rem; font-weight: 400; margin-top: 0.3rem; }
 #summary table { word-break: normal; overflow-wrap: normal; hyphens: none; }
 #summary td:first-child { white-space: nowrap; }
 #summary .prose { overflow-x: auto; }

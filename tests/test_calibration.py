@@ -264,7 +264,7 @@ def test_a_detector_without_a_temperature_keeps_the_plain_softmax(tmp_path):
 def test_the_ood_verdict_names_the_closest_class():
     probs = torch.tensor([0.05, 0.02, 0.31, 0.12, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05])
     text = verdict(probs, list(LABELS), is_ood=True)
-    assert text == "This doesn't look like any of the 10 classes I know — closest: bird (31%)"
+    assert text == "Not one of my 10 classes — most like: bird"
     assert verdict(probs, list(LABELS), is_ood=False).startswith("Not sure — maybe bird (31%)")
     model = _model()
     model.calibration = _calibrated(model)

@@ -102,7 +102,7 @@ def answer(
     top = a.probs.topk(k)
     labels = {a.names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
     overlay = render.map_on_image(a.shown, a.box, heat, s.opacity, method.lower())
-    verdict = model_info.verdict(a.probs, a.names, a.is_ood)
+    verdict = model_info.analysis_decision(a).markdown()
     return labels, render.unique(overlay, method), round(compute_ms, 2), verdict, explains(a, s), ood_check(a), covered
 
 
@@ -119,9 +119,13 @@ def compute_note(ms: float, covered: str) -> str:
 def ood_check(a: Analysis) -> dict:
     """The "none of my classes" check of an analysis, as the batch CSV gives it: the decision, the score and the
     stored threshold it was compared with (all None for a model without a detector: its calibration is
-    unknown, and only the "Not sure" rule applies)."""
+    unknown, and only the "Not sure" rule applies); and the app's decision (``model_info.decide``: "answer",
+    "none of my classes", "torn" or "not sure") with its reason in words."""
     detector = a.model.calibration.ood if a.model.calibration is not None else None
+    decision = model_info.analysis_decision(a)
     return {
+        "decision": decision.kind,
+        "reason": decision.reason,
         "none_of_my_classes": a.is_ood,
         "ood_score": a.ood_score,
         "threshold": None if detector is None else detector.threshold,
