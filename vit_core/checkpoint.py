@@ -303,7 +303,7 @@ def _read_ood_statistics(
     path = fetch(OOD_NAME)
     C, D = model.config.num_classes, model.num_features
     header = read_header(path)
-    expected = {"means": (C, D), "precision": (D, D)}
+    expected = {"means": (C, D), "precision": (D, D), "origin": (D,), "residual": (D, D - D // 2), "alpha": (1,)}
     if "bank" in header and len(header["bank"]) == 2 and 1 <= header["bank"][0] <= MAX_OOD_ROWS:
         expected["bank"] = (header["bank"][0], D)
     else:

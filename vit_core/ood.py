@@ -12,6 +12,11 @@ the training data**. With test-time views (the image and its mirror) a score is 
   neighbors", eq. 3); k = 10 for a bank of 10,000 images (their k = 50 for 50,000, the same fraction).
 - ``mahalanobis``: min_c (f - mu_c)^T S^-1 (f - mu_c), the squared Mahalanobis distance to the closest class
   mean under one covariance S shared by the classes (Lee et al. 2018, eq. 2), on pre-logit features.
+- ``vim``: Virtual-logit Matching (Wang et al. 2022, eqs. 4-7): the part of f - o outside the principal subspace
+  of the training features (o = -W^+ b, the origin the head's logits W f + b measure from; the subspace of the
+  k = D/2 largest eigenvalues of their uncentred covariance about o), its norm scaled by alpha = mean max logit
+  / mean residual norm over training images into a virtual logit v; the score is v - logsumexp_k z_k, which
+  orders images as the softmax probability of that virtual class does.
 
 An ``OODDetector`` is one score, the statistics it needs (``fit_statistics``) and a threshold set on held-out
 in-distribution images only: the ``keep`` quantile of their scores (0.95: 95% of them keep their answer).
@@ -27,16 +32,27 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-SCORES = ("msp", "energy", "knn", "mahalanobis")
+SCORES = ("msp", "energy", "knn", "mahalanobis", "vim")
 KNN_K = 10
 # The statistics each score keeps, by tensor name: what an ood.safetensors file may hold.
-STATISTICS = {"msp": (), "energy": (), "knn": ("bank",), "mahalanobis": ("means", "precision")}
+STATISTICS = {
+    "msp": (),
+    "energy": (),
+    "knn": ("bank",),
+    "mahalanobis": ("means", "precision"),
+    "vim": ("origin", "residual", "alpha"),
+}
 
 
 def fit_statistics(
-    score: str, features: torch.Tensor, labels: torch.Tensor, num_classes: int
+    score: str,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    head: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """What ``score`` needs from training images: their pre-logit ``features`` (N, D) and ``labels`` (N,).
+    """What ``score`` needs from training images: their pre-logit ``features`` (N, D) and ``labels`` (N,); vim
+    also the classifier's ``head`` (weight (C, D), bias (C,)).
 
     knn: the normalised features, in fp16 (a bank of 10,000 x 192 is 3.8 MB). mahalanobis: the class means
     (C, D) and the inverse of the shared covariance S = 1/N sum_i (f_i - mu_{y_i})(f_i - mu_{y_i})^T (D, D),
@@ -57,6 +73,21 @@ def fit_statistics(
         # a tiny ridge keeps S invertible when a feature is (nearly) constant over the training images
         cov += 1e-6 * cov.diagonal().mean() * torch.eye(len(cov), dtype=cov.dtype)
         return {"means": means.float().contiguous(), "precision": torch.linalg.inv(cov).float().contiguous()}
+    if score == "vim":
+        if head is None:
+            raise ValueError("the vim score needs the classifier's head (weight, bias)")
+        W, b = (t.detach().double().cpu() for t in head)
+        f = features.double().cpu()
+        origin = -torch.linalg.pinv(W) @ b
+        centred = f - origin
+        _, vectors = torch.linalg.eigh(centred.T @ centred / len(f))  # eigenvalues ascending
+        residual = vectors[:, : f.shape[1] - f.shape[1] // 2]  # outside the k = D/2 principal directions
+        alpha = (f @ W.T + b).max(-1).values.mean() / (centred @ residual).norm(dim=-1).mean()
+        return {
+            "origin": origin.float().contiguous(),
+            "residual": residual.float().contiguous(),
+            "alpha": alpha.reshape(1).float(),
+        }
     return {}
 
 
@@ -81,6 +112,10 @@ def ood_scores(
         # |a - b|^2 = 2 - 2 a.b for unit vectors: the k-th largest similarity is the k-th nearest neighbour
         sims = [(F.normalize(f.float(), dim=-1) @ bank.T).topk(k, dim=-1).values[:, -1] for f in features]
         return torch.stack([(2 - 2 * s.double()).clamp_min(0).sqrt() for s in sims]).mean(0)
+    if score == "vim":
+        origin, residual, alpha = (statistics[k].to(features[0].device, torch.float64) for k in STATISTICS["vim"])
+        virtual = [alpha * ((f.double() - origin) @ residual).norm(dim=-1) for f in features]
+        return torch.stack([v - torch.logsumexp(z.double(), -1) for v, z in zip(virtual, logits, strict=True)]).mean(0)
     means = statistics["means"].to(features[0].device, torch.float64)
     precision = statistics["precision"].to(features[0].device, torch.float64)
     distances = []
