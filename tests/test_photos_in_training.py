@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import load_file
 
 from vit_core import VisionTransformer
 from vit_core.builders import build_network
@@ -13,7 +14,10 @@ from vit_core.config import ViTConfig
 from vit_core.data import InMemoryImageDataset, build_transform
 from vit_core.data.images import ImageDataError
 from vit_core.data.photos import photo_images, with_photos
+from vit_core.engine import train
 from vit_core.recipe import Recipe, RecipeError
+
+from .test_engine import TINY, make_image_folder, one_thread, tiny_recipe  # noqa: F401  (autouse fixture)
 
 CFG = {"input_size": (3, 32, 32), "mean": (0.5,) * 3, "std": (0.25,) * 3, "interpolation": "bicubic"}
 SQUASH = CFG | {"crop_pct": 1.0, "crop_mode": "squash"}
@@ -89,3 +93,23 @@ def test_keep_head_fine_tunes_the_checkpoints_own_classifier():
         build_network(recipe, init, ["cat", "dog", "ship"])
     fresh = build_network(Recipe.from_dict({"init": "x"}), init, classes)  # the paper's fine-tuning: a zero head
     assert not fresh.head.weight.any()
+
+
+def test_freeze_stem_trains_the_transformer_and_leaves_the_cnn_as_it_was(tmp_path):
+    """A hybrid fine-tuned with freeze_stem: its CNN's weights and BatchNorm statistics are the checkpoint's
+    exactly, its transformer and head moved; a stem_optimizer beside it is refused."""
+    data = make_image_folder(tmp_path / "data")
+    stem = dict(TINY, patch_size=1, stem_channels=(4, 8), stem_strides=(1, 1), stem_pools=(2, 2))
+    train(tiny_recipe(data, model_args=stem, epochs=1), tmp_path / "base", progress=False)
+    tune = tiny_recipe(data, model_args={}, init=str(tmp_path / "base"), keep_head=True, freeze_stem=True)
+    train(tune, tmp_path / "tuned", progress=False)
+    before, after = (
+        load_file(tmp_path / "base" / "model.safetensors"),
+        load_file(tmp_path / "tuned" / "model.safetensors"),
+    )
+    cnn = [k for k in before if k.startswith("patch_embed.backbone.")]
+    assert any("running_mean" in k for k in cnn) and all(torch.equal(before[k], after[k]) for k in cnn)
+    assert not torch.equal(before["head.weight"], after["head.weight"])
+    assert not torch.equal(before["blocks.0.attn.qkv.weight"], after["blocks.0.attn.qkv.weight"])
+    with pytest.raises(RecipeError, match="freeze_stem"):
+        Recipe.from_dict({"freeze_stem": True, "stem_optimizer": {"lr": 0.1}})

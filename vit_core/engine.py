@@ -228,6 +228,8 @@ class _Run:
         self.train_batches.set_epoch(epoch)
         steps = len(self.train_batches)
         net.train()
+        if recipe.freeze_stem:  # its BatchNorm statistics too
+            self.model.patch_embed.backbone.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.procs.device)  # loss * n, correct, n
         t0 = time.time()
         for i, (x, y) in enumerate(self.train_batches):
