@@ -9,7 +9,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from vit_core import VisionTransformer
-from vit_core.builders import build_network
+from vit_core.builders import build_loss, build_network
 from vit_core.config import ViTConfig
 from vit_core.data import InMemoryImageDataset, build_transform
 from vit_core.data.images import ImageDataError
@@ -113,3 +113,17 @@ def test_freeze_stem_trains_the_transformer_and_leaves_the_cnn_as_it_was(tmp_pat
     assert not torch.equal(before["blocks.0.attn.qkv.weight"], after["blocks.0.attn.qkv.weight"])
     with pytest.raises(RecipeError, match="freeze_stem"):
         Recipe.from_dict({"freeze_stem": True, "stem_optimizer": {"lr": 0.1}})
+
+
+def test_logit_adjust_is_the_loss_of_menon_et_al():
+    """logit_adjust: cross-entropy of z + log pi (Menon et al. 2021, eq. 10, tau = 1) with pi the training images'
+    class shares; equal shares shift every logit alike, which changes no loss; a class without images is refused."""
+    z, y = torch.randn(6, 3, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 2, 0, 1, 2])
+    recipe = Recipe.from_dict({"logit_adjust": True})
+    _, loss = build_loss(recipe, ["a", "b", "c"], torch.tensor([30, 10, 10]))
+    want = torch.nn.functional.cross_entropy(z + torch.tensor([0.6, 0.2, 0.2]).log(), y)
+    torch.testing.assert_close(loss(z, y), want)
+    _, even = build_loss(recipe, ["a", "b", "c"], torch.tensor([5, 5, 5]))
+    torch.testing.assert_close(even(z, y), torch.nn.functional.cross_entropy(z, y))
+    with pytest.raises(RecipeError, match="every class"):
+        build_loss(recipe, ["a", "b", "c"], torch.tensor([5, 0, 5]))

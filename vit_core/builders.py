@@ -252,10 +252,35 @@ def build_scheduler(optimizer: torch.optim.Optimizer | Optimizers, recipe: Recip
     return CosineLRScheduler(optimizer, **schedule)
 
 
-def build_loss(recipe: Recipe, classes: list[str] | None) -> tuple[Callable | None, nn.Module]:
+def build_loss(
+    recipe: Recipe, classes: list[str] | None, counts: torch.Tensor | None = None
+) -> tuple[Callable | None, nn.Module]:
     """Mixup/CutMix (None when off or for ``task='mpp'``) and the classification loss that goes with it:
     soft-target cross-entropy for mixed targets (label smoothing included), else label smoothing or plain
-    cross-entropy."""
+    cross-entropy; with ``logit_adjust``, of the logits plus the log class frequencies of ``counts`` (the
+    training images per class)."""
+    mixup, loss = _loss(recipe, classes)
+    if not recipe.logit_adjust:
+        return mixup, loss
+    if counts is None or (counts == 0).any():
+        raise RecipeError("logit_adjust needs training images of every class")
+    return mixup, LogitAdjusted(loss, (counts.double() / counts.sum()).log().float())
+
+
+class LogitAdjusted(nn.Module):
+    """``loss(z + log pi, target)``: the logit-adjusted loss of Menon et al. 2021 (eq. 10, tau = 1), pi the
+    training label distribution. Trained so, softmax(z) estimates the class posterior under equal priors."""
+
+    def __init__(self, loss: nn.Module, log_prior: torch.Tensor) -> None:
+        super().__init__()
+        self.loss = loss
+        self.register_buffer("log_prior", log_prior)
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.loss(logits + self.log_prior.to(logits.device), target)
+
+
+def _loss(recipe: Recipe, classes: list[str] | None) -> tuple[Callable | None, nn.Module]:
     from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
     mixup = None

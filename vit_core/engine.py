@@ -150,7 +150,8 @@ class _Run:
         self.lookahead = build_lookahead(self.net, recipe, len(self.train_batches))
         self.amp_dtype = autocast_dtype(recipe, procs.device)
         self.scaler = torch.amp.GradScaler(procs.device.type, enabled=self.amp_dtype == torch.float16)
-        self.mixup, self.criterion = build_loss(recipe, self.classes)
+        counts = None if self.classes is None else torch.bincount(train_set.targets, minlength=len(self.classes))
+        self.mixup, self.criterion = build_loss(recipe, self.classes, counts)
         self.micro_batch = recipe.micro_batch or per_rank
         if per_rank % self.micro_batch:
             raise RecipeError(f"micro_batch {recipe.micro_batch} does not split the batch of {per_rank} per process")

@@ -59,6 +59,10 @@ class Recipe:
     mixup_prob: float = 1.0  # probability of mixing a batch
     mixup_switch_prob: float = 0.5  # probability of CutMix instead of Mixup when both are on
     label_smoothing: float = 0.0
+    # the loss sees the logits plus the log of each class's share of the training images (Menon et al. 2021,
+    # logit adjustment): the model's own logits then answer as if the classes were equally common, whatever the
+    # mix it trained on (e.g. CIFAR-10 with extra photos of two classes)
+    logit_adjust: bool = False
     # --- optimisation
     epochs: int = 10
     batch_size: int = 128  # global: over all processes
