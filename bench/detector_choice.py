@@ -9,9 +9,10 @@ calibrated for), as the app decides (not out of distribution and a calibrated to
 ``UNSURE_BELOW``): of the photos of ``photos/cats_and_dogs/<split>`` that the model gets right, the share with a
 plain answer; the share of ``photos/ants_and_bees/<split>`` with a plain answer; the same for ``bench/real_photos``
 and ``bench/ood_photos`` (which chose earlier bundles' thresholds: for reference); and the score's AUROC on the
-shared sets. Only ``--split train`` (the default) is for choosing; ``val`` is for the final numbers
-(``bench.photo_answers``). Images are opened with ``load_image`` and the model's eval transform, as the app does
-for photos of this size (at most 256 px: no reduced decoding applies).
+shared sets. The last rows try Mahalanobis with one threshold per predicted class (each the ``--keep`` quantile of
+the held-out images predicted as that class). Only ``--split train`` (the default) is for choosing; ``val`` is for
+the final numbers (``bench.photo_answers``). Images are opened with ``load_image`` and the model's eval transform,
+as the app does for photos of this size (at most 256 px: no reduced decoding applies).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(BUNDLED.relative_to(ROOT)), help="checkpoint folder")
     ap.add_argument("--split", choices=("train", "val"), default="train")
-    ap.add_argument("--keep", type=float, nargs="+", default=[0.85, 0.9, 0.95])
+    ap.add_argument("--keep", type=float, nargs="+", default=[0.85, 0.875, 0.9, 0.95])
     args = ap.parse_args(argv)
     torch.set_grad_enabled(False)
     model = vit_core.from_pretrained(args.model).eval()
@@ -68,14 +69,22 @@ def main(argv: list[str] | None = None) -> None:
     }
     scores = {name: all_scores(model, out, stats) for name, out in {"held": held, **sets}.items()}
     rows = []
-    for s in SCORES:
+    held_pred = held.probs(T).argmax(-1)
+    for s, per_class in [(s, False) for s in SCORES] + [("mahalanobis", True)]:
         auc = auroc(scores["cats_and_dogs"][s], scores["ants_and_bees"][s])
         for keep in args.keep:
-            threshold = threshold_for(scores["held"][s], keep)
-            row = [s, f"{keep:.2f}", f"{threshold:.4g}", f"{auc:.3f}"]
+            # one threshold, or one per predicted class (the keep quantile of the held-out images predicted so)
+            if per_class:
+                C = model.config.num_classes
+                threshold = torch.tensor([threshold_for(scores["held"][s][held_pred == c], keep) for c in range(C)])
+            else:
+                threshold = torch.tensor([threshold_for(scores["held"][s], keep)])
+            shown = f"{float(threshold.min()):.4g}-{float(threshold.max()):.4g}" if per_class else f"{threshold[0]:.4g}"
+            row = [s + (", per class" if per_class else ""), f"{keep:.3g}", shown, f"{auc:.3f}"]
             for name, out in sets.items():
                 probs = out.probs(T)
-                plain = (scores[name][s] <= threshold) & (probs.max(-1).values >= UNSURE_BELOW)
+                limit = threshold[probs.argmax(-1)] if per_class else threshold[0]
+                plain = (scores[name][s] <= limit) & (probs.max(-1).values >= UNSURE_BELOW)
                 right = probs.argmax(-1) == out.labels
                 row.append(share(plain[right]) if name in ("cats_and_dogs", "real_photos") else share(plain))
             rows.append(row)

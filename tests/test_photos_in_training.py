@@ -127,3 +127,19 @@ def test_logit_adjust_is_the_loss_of_menon_et_al():
     torch.testing.assert_close(even(z, y), torch.nn.functional.cross_entropy(z, y))
     with pytest.raises(RecipeError, match="every class"):
         build_loss(recipe, ["a", "b", "c"], torch.tensor([5, 0, 5]))
+
+
+def test_wise_ft_exports_the_weight_space_mix_of_checkpoint_and_fine_tune(tmp_path):
+    """wise_ft w (Wortsman et al. 2022): training is unchanged, and the run folder holds (1 - w) init + w trained,
+    tensor by tensor, against the same fine-tune run without it."""
+    data = make_image_folder(tmp_path / "data")
+    train(tiny_recipe(data, epochs=1), tmp_path / "base", progress=False)
+    tune = tiny_recipe(data, model_args={}, init=str(tmp_path / "base"), keep_head=True)
+    train(tune, tmp_path / "plain", progress=False)
+    train(tune | {"wise_ft": 0.25}, tmp_path / "wise", progress=False)
+    i, a, b = (load_file(tmp_path / r / "model.safetensors") for r in ("base", "plain", "wise"))
+    assert not torch.equal(i["head.weight"], a["head.weight"])
+    for k in a:
+        torch.testing.assert_close(b[k], 0.75 * i[k] + 0.25 * a[k], msg=k)
+    with pytest.raises(RecipeError, match="wise_ft"):
+        Recipe.from_dict({"init": "x", "wise_ft": 0.5})  # without keep_head

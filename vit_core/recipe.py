@@ -43,6 +43,9 @@ class Recipe:
     # a hybrid's CNN stays as it is (weights and BatchNorm statistics): only the transformer and head train, and
     # the backward pass stops at the tokens (about twice as fast per image for the speedrun's model)
     freeze_stem: bool = False
+    # WiSE-FT (Wortsman et al. 2022): the run folder holds (1 - w) init + w trained weights, interpolated in weight
+    # space, which keeps more of what the checkpoint knew (with keep_head: the same parameters on both sides)
+    wise_ft: float | None = None
     task: str = "classify"  # "classify", or "mpp": masked patch prediction pre-training (section 4.6)
     # --- the data
     data: str = "cifar10"  # mnist | fashion-mnist | cifar10 | a folder | hf:<name> (vit_core.data)
@@ -202,6 +205,8 @@ class Recipe:
             problems.append("give either model (train from scratch) or init (fine-tune a checkpoint), not both")
         if self.freeze_stem and self.stem_optimizer is not None:
             problems.append("freeze_stem keeps the CNN as it is: it takes no stem_optimizer")
+        if self.wise_ft is not None and not (self.keep_head and 0 < self.wise_ft <= 1):
+            problems.append(f"wise_ft must be in (0, 1] and needs keep_head (init's own head), got {self.wise_ft}")
         if self.keep_head and self.init is None:
             problems.append("keep_head keeps a fine-tuned checkpoint's head: give init")
         problems += check_photos(self.photos)
