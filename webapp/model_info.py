@@ -113,8 +113,8 @@ def decide(
     p, i = probs.topk(min(2, len(names)))
     top, p0 = names[i[0]], float(p[0])
     if is_ood:
-        score = f" (unusualness {ood_score:,.0f}, over the {threshold:,.0f} it allows)" if ood_score is not None else ""
-        score = score if threshold is not None else ""
+        known = ood_score is not None and threshold is not None
+        score = f" (unusualness {ood_score:,.0f}; it answers up to {threshold:,.0f})" if known else ""
         return Decision(
             NONE_OF_MINE,
             f"Not one of my {len(names)} classes — most like: {top}",

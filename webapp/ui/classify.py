@@ -69,9 +69,10 @@ def classify(
 ) -> tuple[dict[str, float], Image.Image, float, str, str, dict]:
     """Top-k classes; the image with a relevance map over the region the model saw (with a colour bar);
     the compute time in ms (decode, model and map; a cached forward pass is reused when only the settings
-    change); the prediction in words ("Not sure — maybe ..." below 50%; "This doesn't look like any of the N
-    classes I know" when the model's detector says so); the class the map explains; and that "none of my
-    classes" check in numbers (``ood_check``).
+    change); the prediction in words with, when it is not a plain answer, why on a second line
+    (``model_info.decide``: "Not sure — torn between ..." or "Not sure — maybe ..." below 50%; "Not one of my N
+    classes — most like: ..." when the model's detector says so); the class the map explains; and that "none
+    of my classes" check in numbers with the same decision and reason (``ood_check``).
     ``method`` None: the default (``DEFAULT_METHOD``, AttnLRP).
     ``layer`` and ``head`` (raw attention) are numbered from 0; a negative layer counts from the end (-1: the
     last)."""
