@@ -52,6 +52,7 @@ CSS = """
 /* what the methods and figures are, one line each: small, the names no larger than the words */
 .legend :is(p, li, strong) { font-size: 0.8rem; line-height: 1.35; margin: 0; }
 .legend ul { margin: 0; padding-left: 1.1em; }
+.verdict p + p { font-size: 1rem; font-weight: 400; margin-top: 0.3rem; }
 #summary table { word-break: normal; overflow-wrap: normal; hyphens: none; }
 #summary td:first-child { white-space: nowrap; }
 #summary .prose { overflow-x: auto; }

@@ -120,7 +120,8 @@ def all_scores(model, out: Outputs, statistics: dict[str, dict[str, torch.Tensor
 def fit_all(model, data: str) -> dict[str, dict[str, torch.Tensor]]:
     """Every score's statistics from the plain view of training images OOD_FIT (as ``train calibrate``)."""
     bank = dataset_outputs(model, data, "train", list(OOD_FIT), "OOD statistics", tta=None)
-    return {s: fit_statistics(s, bank.features[0], bank.labels, model.config.num_classes) for s in SCORES}
+    head = (model.head.weight, model.head.bias)
+    return {s: fit_statistics(s, bank.features[0], bank.labels, model.config.num_classes, head) for s in SCORES}
 
 
 def calibration_rows(name: str, out: Outputs, T: float, views: str | None) -> list[list[str]]:

@@ -110,12 +110,17 @@ def test_classify_a_real_photo(server):
     _same_width_with_colour_bar(overlay, Image.open(CAT).size)
     assert isinstance(compute_ms, float) and 0 < compute_ms < 60_000
     top, p = confidences[0]["label"], confidences[0]["confidence"]
-    assert verdict == f"{top} ({p:.0%})" if p >= 0.5 else verdict.startswith(f"Not sure — maybe {top} (")
+    assert verdict == f"{top} ({p:.0%})" if p >= 0.5 else verdict.startswith("Not sure — ")
     assert explains == f"Map explains: {top} (the predicted class)"  # AttnLRP, the default: class-specific
     # the "none of my classes" check in numbers: the bundled model's detector, the threshold stored with it
     stored = json.loads((BUNDLED / "config.json").read_text())["calibration"]["ood"]
     assert ood["score"] == stored["score"] and ood["threshold"] == pytest.approx(stored["threshold"])
     assert ood["none_of_my_classes"] is (ood["ood_score"] > ood["threshold"]) is False  # a cat is one of its classes
+    # the same decision as the page's, with its reason in words (empty for a plain answer)
+    if p >= 0.5:
+        assert (ood["decision"], ood["reason"]) == ("answer", "")
+    else:
+        assert ood["decision"] in ("torn", "not sure") and ood["reason"] and verdict.endswith(f"\n\n{ood['reason']}")
 
 
 @pytest.mark.parametrize("method", ["RISE (random masks)", "Gradient rollout", "Raw attention"])

@@ -161,6 +161,33 @@ def test_auroc_and_fpr_are_their_pairwise_definitions():
     assert auroc(inside, inside + 100) == 1.0 and auroc(inside, inside) == pytest.approx(0.5)
 
 
+def test_vim_matches_the_papers_reference_code():
+    """ViM (Wang et al. 2022) against their published numpy recipe (haoqiwang/vim, benchmark.py): the origin
+    u = -pinv(W) b, the eigenvectors of the uncentred covariance of f - u beyond the k = D/2 largest eigenvalues,
+    alpha = mean max logit / mean residual norm on training features, score_id = -alpha |(f - u) NS| + logsumexp z
+    (ours is its negative: higher = less like the training images)."""
+    g = torch.Generator().manual_seed(4)
+    D, C = 12, 5
+    W, b = torch.randn(C, D, generator=g), torch.randn(C, generator=g)
+    train = torch.randn(300, D, generator=g) * torch.linspace(3, 0.2, D)  # a clear principal subspace
+    test = torch.randn(20, D, generator=g)
+    stats = fit_statistics("vim", train, torch.arange(300) % C, C, (W, b))
+    ours = ood_scores("vim", probs=torch.ones(20, C) / C, logits=[test @ W.T + b], features=[test], statistics=stats)
+
+    Wn, bn, tr, te = (t.double().numpy() for t in (W, b, train, test))
+    u = -np.matmul(np.linalg.pinv(Wn), bn)
+    cov = (tr - u).T @ (tr - u) / len(tr)  # sklearn's EmpiricalCovariance(assume_centered=True)
+    eig_vals, eigen_vectors = np.linalg.eig(cov)
+    NS = np.ascontiguousarray((eigen_vectors.T[np.argsort(eig_vals * -1)[D // 2 :]]).T)
+    alpha = (tr @ Wn.T + bn).max(axis=-1).mean() / np.linalg.norm(np.matmul(tr - u, NS), axis=-1).mean()
+    logits = te @ Wn.T + bn
+    energy = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    score_id = -np.linalg.norm(np.matmul(te - u, NS), axis=-1) * alpha + energy
+    assert np.allclose(ours.numpy(), -score_id, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="head"):
+        fit_statistics("vim", train, torch.arange(300) % C, C)
+
+
 # ------------------------------------------------------------------------------------ stored with the checkpoint
 
 
@@ -169,12 +196,12 @@ def _calibrated(model: vit_core.VisionTransformer, score: str = "mahalanobis") -
     x = torch.randn(40, 3, 16, 16, generator=g)
     with torch.no_grad():
         features = model.forward_head(model.forward_features(x), pre_logits=True)
-    stats = fit_statistics(score, features, torch.arange(40) % 10, 10)
+    stats = fit_statistics(score, features, torch.arange(40) % 10, 10, (model.head.weight, model.head.bias))
     detector = OODDetector(score, 12.5, 0.95, stats, "40 random images")
     return Calibration(0.75, "flip", "flip views of 40 random images", detector)
 
 
-@pytest.mark.parametrize("score", ["mahalanobis", "knn", "energy"])
+@pytest.mark.parametrize("score", ["mahalanobis", "knn", "energy", "vim"])
 def test_calibration_survives_save_and_load_and_timm_still_loads(tmp_path, score):
     model = _model()
     model.calibration = _calibrated(model, score)
@@ -265,7 +292,7 @@ def test_a_detector_without_a_temperature_keeps_the_plain_softmax(tmp_path):
 def test_the_ood_verdict_names_the_closest_class():
     probs = torch.tensor([0.05, 0.02, 0.31, 0.12, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05])
     text = verdict(probs, list(LABELS), is_ood=True)
-    assert text == "This doesn't look like any of the 10 classes I know — closest: bird (31%)"
+    assert text == "Not one of my 10 classes — most like: bird"
     assert verdict(probs, list(LABELS), is_ood=False).startswith("Not sure — maybe bird (31%)")
     model = _model()
     model.calibration = _calibrated(model)
@@ -422,7 +449,7 @@ def test_a_new_ood_score_is_one_entry_of_the_table(tmp_path, monkeypatch, capsys
     images [0, 40), its threshold the 95% quantile of held-out images [40, 60)), the checks on loading (the
     file's shapes against the entry's), ``from_pretrained`` and ``predict``, each against brute force."""
 
-    def fit_centre(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, torch.Tensor]:
+    def fit_centre(features: torch.Tensor, labels: torch.Tensor, num_classes: int, head) -> dict[str, torch.Tensor]:
         return {"centre": features.double().mean(0).float()}
 
     def centre(probs, logits, features, statistics) -> torch.Tensor:

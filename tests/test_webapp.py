@@ -289,6 +289,25 @@ def test_low_confidence_reads_as_a_guess():
     assert "3 classes" in model_info.facts(_model(num_classes=3, label_names=("a", "b", "c")))
 
 
+def test_the_app_says_why_it_is_unsure():
+    """Issue #45 item 3, #48 item 6: each decision says why in words, and "not one of my classes" does not read as
+    a confident answer (the top probability is explained as a share among the known classes)."""
+    names = ["cat", "dog", "ship"]
+    plain = model_info.decide(torch.tensor([0.8, 0.15, 0.05]), names, is_ood=False)
+    assert (plain.kind, plain.plain, plain.reason, plain.markdown()) == (model_info.ANSWER, True, "", "cat (80%)")
+    torn = model_info.decide(torch.tensor([0.45, 0.4, 0.15]), names, is_ood=False)
+    assert torn.kind == model_info.TORN and not torn.plain
+    assert torn.headline == "Not sure — torn between cat (45%) and dog (40%)" and "both cat and dog" in torn.reason
+    spread = model_info.decide(torch.tensor([0.4, 0.35, 0.25]), names)
+    assert spread.kind == model_info.UNSURE and "No class stands out" in spread.reason
+    far = model_info.decide(torch.tensor([0.98, 0.01, 0.01]), names, is_ood=True, ood_score=1512.4, threshold=1068.3)
+    assert far.kind == model_info.NONE_OF_MINE and not far.plain
+    assert far.headline == "Not one of my 3 classes — most like: cat"  # no "98%" beside "not one of"
+    assert "unlike the training photos of every class (unusualness 1,512; it answers up to 1,068)" in far.reason
+    assert "98% is cat's share among my 3 classes, not the chance" in far.reason
+    assert far.markdown() == f"{far.headline}\n\n{far.reason}"
+
+
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_inspect_works_for_any_model(tmp_path, kind):
     model = _model(**MODELS[kind])
@@ -489,7 +508,9 @@ def test_the_app_says_none_of_my_classes_when_the_models_detector_does(tmp_path)
     a = analyse(bundled, tf, "bundled-speck", str(speck), CPU)
     assert a.is_ood is True and a.ood_score > bundled.calibration.ood.threshold
     words = model_info.verdict(a.probs, a.names, a.is_ood)
-    assert words.startswith("This doesn't look like any of the 10 classes I know — closest: ")
+    assert words.startswith("Not one of my 10 classes — most like: ")
+    decision = model_info.analysis_decision(a)
+    assert decision.kind == model_info.NONE_OF_MINE and f"{a.ood_score:,.0f}; it answers up to " in decision.reason
     cat = analyse(bundled, tf, "bundled-cat", str(ROOT / "examples" / "cat_chelsea.jpg"), CPU)
     assert cat.is_ood is False and model_info.verdict(cat.probs, cat.names, cat.is_ood).startswith("cat (")
     plain = _model(label_names=("a", "b", "c", "d", "e"))

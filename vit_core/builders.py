@@ -32,6 +32,7 @@ from .data import (
     stratified_split,
     with_transform,
 )
+from .data.photos import with_photos
 from .distributed import seed_all
 from .hybrid import ConvStem, whitening_weights
 from .model import VisionTransformer
@@ -63,6 +64,8 @@ def build_datasets(recipe: Recipe, pretrained_cfg: dict[str, Any]) -> tuple[Data
         return with_transform(decode_all(recipe.data, split, pretrained_cfg, keep), transform)
 
     train_set = load("train", train_tf, recipe.train_subset)
+    if recipe.photos is not None:
+        train_set = with_photos(train_set, recipe.photos, pretrained_cfg, recipe.seed)
     if recipe.val_fraction is None:
         test_set = load("test", test_tf, recipe.eval_subset)
     else:
@@ -98,13 +101,17 @@ def build_network(
     recipe: Recipe, init: VisionTransformer | None, classes: list[str] | None, train_set: Dataset | None = None
 ) -> nn.Module:
     """What the optimizer trains: ``init`` with a new zero-initialised head for ``classes`` (the paper's
-    fine-tuning), or a model from scratch initialised as ``weight_init`` and ``stem_init`` say, its whitening
-    filters (a conv stem's ``stem_whiten``) computed from ``train_set``; wrapped for masked patch prediction when
-    ``task='mpp'``; or a timm CNN baseline (``vit_core.cnn``) with timm's initialisation. Seeded with the
-    recipe's seed, so every process builds the same weights."""
+    fine-tuning; with ``keep_head``, its own head, whose classes must be ``classes``), or a model from scratch
+    initialised as ``weight_init`` and ``stem_init`` say, its whitening filters (a conv stem's ``stem_whiten``)
+    computed from ``train_set``; wrapped for masked patch prediction when ``task='mpp'``; or a timm CNN baseline
+    (``vit_core.cnn``) with timm's initialisation. Seeded with the recipe's seed, so every process builds the
+    same weights."""
     seed_all(recipe.seed)
     if init is not None:
-        init.reset_classifier(len(classes or ()), classes)
+        if not recipe.keep_head:
+            init.reset_classifier(len(classes or ()), classes)
+        elif init.class_names != list(classes or ()):
+            raise RecipeError(f"keep_head: the checkpoint's classes {init.class_names} are not the data's {classes}")
         model = init.train()
     elif is_cnn(recipe.model):
         cfg = recipe.scratch_config(classes)
@@ -126,6 +133,10 @@ def build_network(
             if not isinstance(stem, ConvStem):
                 raise RecipeError("stem_init 'dirac' initialises a conv stem (model_args stem_channels): none here")
             stem.dirac_()
+    if recipe.freeze_stem:
+        if getattr(getattr(model, "patch_embed", None), "backbone", None) is None:
+            raise RecipeError("freeze_stem freezes a hybrid's CNN, and this model has none")
+        model.patch_embed.backbone.requires_grad_(False)
     if recipe.bn_momentum is not None:
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):
@@ -271,10 +282,35 @@ def build_scheduler(optimizer: torch.optim.Optimizer | Optimizers, recipe: Recip
     return CosineLRScheduler(optimizer, **schedule)
 
 
-def build_loss(recipe: Recipe, classes: list[str] | None) -> tuple[Callable | None, nn.Module]:
+def build_loss(
+    recipe: Recipe, classes: list[str] | None, counts: torch.Tensor | None = None
+) -> tuple[Callable | None, nn.Module]:
     """Mixup/CutMix (None when off or for ``task='mpp'``) and the classification loss that goes with it:
     soft-target cross-entropy for mixed targets (label smoothing included), else label smoothing or plain
-    cross-entropy."""
+    cross-entropy; with ``logit_adjust``, of the logits plus the log class frequencies of ``counts`` (the
+    training images per class)."""
+    mixup, loss = _loss(recipe, classes)
+    if not recipe.logit_adjust:
+        return mixup, loss
+    if counts is None or (counts == 0).any():
+        raise RecipeError("logit_adjust needs training images of every class")
+    return mixup, LogitAdjusted(loss, (counts.double() / counts.sum()).log().float())
+
+
+class LogitAdjusted(nn.Module):
+    """``loss(z + log pi, target)``: the logit-adjusted loss of Menon et al. 2021 (eq. 10, tau = 1), pi the
+    training label distribution. Trained so, softmax(z) estimates the class posterior under equal priors."""
+
+    def __init__(self, loss: nn.Module, log_prior: torch.Tensor) -> None:
+        super().__init__()
+        self.loss = loss
+        self.register_buffer("log_prior", log_prior)
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.loss(logits + self.log_prior.to(logits.device), target)
+
+
+def _loss(recipe: Recipe, classes: list[str] | None) -> tuple[Callable | None, nn.Module]:
     from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
     mixup = None

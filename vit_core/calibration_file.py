@@ -19,7 +19,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from .calibration import Calibration, to_json
 from .files import CONFIG_NAME, CheckpointError, atomic_write, check_shapes, read_header, read_json
-from .ood import CLASSES, FEATURES, SCORES, OODDetector
+from .ood import CLASSES, FEATURES, ONE, RESIDUAL, SCORES, OODDetector
 
 if TYPE_CHECKING:
     from .model import VisionTransformer
@@ -35,7 +35,7 @@ def statistics_shapes(
     """The shapes ``score``'s statistics must have (``ood.Score.statistics``) for a model of ``classes`` and
     ``features``: a count of training images is read from ``found`` (the file's header) where it lies in 1 ..
     ``MAX_OOD_ROWS``, else named as that range (it then appears in the error)."""
-    sizes: dict[str, int] = {CLASSES: classes, FEATURES: features}
+    sizes: dict[str, int] = {CLASSES: classes, FEATURES: features, RESIDUAL: features - features // 2, ONE: 1}
     shapes = {}
     for name, dims in SCORES[score].statistics.items():
         got, shape = found.get(name, ()), []

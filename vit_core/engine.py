@@ -18,6 +18,7 @@ epoch, so a run that is stopped and resumed ends with the same weights as one th
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -147,6 +148,8 @@ class _Run:
 
         # The model's config gives the preprocessing; the data's classes give the head.
         init = load_init(recipe.init, **recipe.model_args) if recipe.init is not None else None
+        # WiSE-FT's other end: the checkpoint's weights as loaded
+        self.init_state = None if recipe.wise_ft is None else {k: v.clone() for k, v in init.state_dict().items()}
         config = init.config if init is not None else recipe.scratch_config(None)
         self.train_set, self.test_set = train_set, test_set = build_datasets(recipe, config.pretrained_cfg())
         self.classes = None if self.mpp else list(train_set.classes)
@@ -167,7 +170,8 @@ class _Run:
         self.lookahead = build_lookahead(self.net, recipe, len(self.train_batches))
         self.amp_dtype = autocast_dtype(recipe, procs.device)
         self.scaler = torch.amp.GradScaler(procs.device.type, enabled=self.amp_dtype == torch.float16)
-        self.mixup, self.criterion = build_loss(recipe, self.classes)
+        counts = None if self.classes is None else torch.bincount(train_set.targets, minlength=len(self.classes))
+        self.mixup, self.criterion = build_loss(recipe, self.classes, counts)
         self.micro_batch = recipe.micro_batch or per_rank
         if per_rank % self.micro_batch:
             raise RecipeError(f"micro_batch {recipe.micro_batch} does not split the batch of {per_rank} per process")
@@ -247,6 +251,8 @@ class _Run:
         net.train()
         for m in self.frozen:  # frozen BatchNorm layers keep their statistics
             m.eval()
+        if recipe.freeze_stem:  # its BatchNorm statistics too
+            self.model.patch_embed.backbone.eval()
         stopped = None
         sums = torch.zeros(3, dtype=torch.float64, device=self.procs.device)  # loss * n, correct, n
         t0 = time.time()
@@ -346,9 +352,18 @@ class _Run:
         return row
 
     def exported(self) -> nn.Module:
-        """The model the run folder holds: the EMA weights if any; for mpp, the ViT without the wrapper."""
+        """The model the run folder holds: the EMA weights if any; for mpp, the ViT without the wrapper; with
+        ``wise_ft`` w, a copy holding (1 - w) init + w trained floating-point tensors (integer buffers: trained)."""
         net = self.ema.module if self.ema is not None else self.net
-        return net.vit if self.mpp else net
+        net = net.vit if self.mpp else net
+        if self.init_state is None:
+            return net
+        w, mixed = self.recipe.wise_ft, copy.deepcopy(net)
+        with torch.no_grad():
+            for k, v in mixed.state_dict().items():
+                if v.is_floating_point():
+                    v.copy_((1 - w) * self.init_state[k].to(v) + w * v)
+        return mixed
 
     def save(self, epochs_done: int) -> None:
         """Commit the epoch's files with everything needed to resume (every process's RNG states included).

@@ -296,7 +296,8 @@ def calibrate_model(
         detector = None
         if ood is not None:
             _, fit_features, _, fit_labels = run(fit, None, "OOD statistics")
-            stats = fit_statistics(ood, fit_features[0], fit_labels, net.config.num_classes)
+            head = (net.head.weight, net.head.bias)  # what vim reads
+            stats = fit_statistics(ood, fit_features[0], fit_labels, net.config.num_classes, head)
             probs = (after if store_temperature else before).exp()  # what predict() will return
             scores = ood_scores(ood, probs=probs, logits=logits, features=features, statistics=stats)
             threshold = threshold_for(scores, keep)

@@ -12,6 +12,11 @@ the training data**. With test-time views (the image and its mirror) a score is 
   neighbors", eq. 3); k = 10 for a bank of 10,000 images (their k = 50 for 50,000, the same fraction).
 - ``mahalanobis``: min_c (f - mu_c)^T S^-1 (f - mu_c), the squared Mahalanobis distance to the closest class
   mean under one covariance S shared by the classes (Lee et al. 2018, eq. 2), on pre-logit features.
+- ``vim``: Virtual-logit Matching (Wang et al. 2022, eqs. 4-7): the part of f - o outside the principal subspace
+  of the training features (o = -W^+ b, the origin the head's logits W f + b measure from; the subspace of the
+  k = D/2 largest eigenvalues of their uncentred covariance about o), its norm scaled by alpha = mean max logit
+  / mean residual norm over training images into a virtual logit v; the score is v - logsumexp_k z_k, which
+  orders images as the softmax probability of that virtual class does.
 
 The scores are a table, ``SCORES``: a name, the score's function, and the statistics it fits (``Score``).
 An ``OODDetector`` is one score, the statistics it needs (``fit_statistics``) and a threshold set on held-out
@@ -30,12 +35,14 @@ import torch.nn.functional as F
 
 Views = Sequence[torch.Tensor]  # one (B, C) logits or (B, D) features tensor per test-time view
 ScoreFn = Callable[[torch.Tensor, Views, Views, Mapping[str, torch.Tensor]], torch.Tensor]
-FitFn = Callable[[torch.Tensor, torch.Tensor, int], dict[str, torch.Tensor]]
+Head = tuple[torch.Tensor, torch.Tensor]  # the classifier's weight (C, D) and bias (C,)
+FitFn = Callable[[torch.Tensor, torch.Tensor, int, Head | None], dict[str, torch.Tensor]]
 
 KNN_K = 10
-# The dimensions a statistic's shape may name: the model's classes and pre-logit features, or any other name
-# for a count of stored training images (a knn bank's rows), which ``calibration_file`` bounds.
-CLASSES, FEATURES = "classes", "features"
+# The dimensions a statistic's shape may name: the model's classes and pre-logit features, the features outside
+# vim's principal half (D - D // 2), one, or any other name for a count of stored training images (a knn bank's
+# rows), which ``calibration_file`` bounds.
+CLASSES, FEATURES, RESIDUAL, ONE = "classes", "features", "residual", "one"
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,7 @@ class Score:
     and their tensors' shapes (by name, in ``CLASSES``, ``FEATURES`` or a count of images)."""
 
     fn: ScoreFn  # (probs, logits, features, statistics) -> (B,) float64, higher = less like the training images
-    fit: FitFn | None = None  # (features (N, D), labels (N,), num_classes) -> statistics; None: needs none
+    fit: FitFn | None = None  # (features (N, D), labels (N,), num_classes, head) -> statistics; None: needs none
     statistics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # tensor name -> its dimensions
 
 
@@ -58,7 +65,9 @@ def _energy(
     return torch.stack([-torch.logsumexp(z.double(), -1) for z in logits]).mean(0)
 
 
-def _fit_knn(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, torch.Tensor]:
+def _fit_knn(
+    features: torch.Tensor, labels: torch.Tensor, num_classes: int, head: Head | None
+) -> dict[str, torch.Tensor]:
     """The normalised features, in fp16 (a bank of 10,000 x 192 is 3.8 MB)."""
     return {"bank": F.normalize(features.double(), dim=-1).half().contiguous()}
 
@@ -71,7 +80,9 @@ def _knn(probs: torch.Tensor, logits: Views, features: Views, statistics: Mappin
     return torch.stack([(2 - 2 * s.double()).clamp_min(0).sqrt() for s in sims]).mean(0)
 
 
-def _fit_mahalanobis(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, torch.Tensor]:
+def _fit_mahalanobis(
+    features: torch.Tensor, labels: torch.Tensor, num_classes: int, head: Head | None
+) -> dict[str, torch.Tensor]:
     """The class means (C, D) and the inverse of the shared covariance S = 1/N sum_i (f_i - mu_{y_i})(f_i -
     mu_{y_i})^T (D, D), computed in float64 and stored in float32."""
     f = features.double()
@@ -98,6 +109,35 @@ def _mahalanobis(
     return torch.stack(distances).mean(0)
 
 
+def _fit_vim(
+    features: torch.Tensor, labels: torch.Tensor, num_classes: int, head: Head | None
+) -> dict[str, torch.Tensor]:
+    """The origin o = -W^+ b, the basis of the features' residual space about it (the eigenvectors of the D - D/2
+    smallest eigenvalues of their uncentred covariance) and alpha (mean max logit / mean residual norm)."""
+    if head is None:
+        raise ValueError("the vim score needs the classifier's head (weight, bias)")
+    W, b = (t.detach().double().cpu() for t in head)
+    f = features.double().cpu()
+    origin = -torch.linalg.pinv(W) @ b
+    centred = f - origin
+    _, vectors = torch.linalg.eigh(centred.T @ centred / len(f))  # eigenvalues ascending
+    residual = vectors[:, : f.shape[1] - f.shape[1] // 2]  # outside the k = D/2 principal directions
+    alpha = (f @ W.T + b).max(-1).values.mean() / (centred @ residual).norm(dim=-1).mean()
+    return {
+        "origin": origin.float().contiguous(),
+        "residual": residual.float().contiguous(),
+        "alpha": alpha.reshape(1).float(),
+    }
+
+
+def _vim(probs: torch.Tensor, logits: Views, features: Views, statistics: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    origin, residual, alpha = (
+        statistics[k].to(features[0].device, torch.float64) for k in ("origin", "residual", "alpha")
+    )
+    virtual = [alpha * ((f.double() - origin) @ residual).norm(dim=-1) for f in features]
+    return torch.stack([v - torch.logsumexp(z.double(), -1) for v, z in zip(virtual, logits, strict=True)]).mean(0)
+
+
 # The scores by name: what ``--ood`` offers, what a checkpoint's calibration may name. Adding a score is one
 # entry here plus its functions.
 SCORES: dict[str, Score] = {
@@ -107,6 +147,7 @@ SCORES: dict[str, Score] = {
     "mahalanobis": Score(
         _mahalanobis, _fit_mahalanobis, {"means": (CLASSES, FEATURES), "precision": (FEATURES, FEATURES)}
     ),
+    "vim": Score(_vim, _fit_vim, {"origin": (FEATURES,), "residual": (FEATURES, RESIDUAL), "alpha": (ONE,)}),
 }
 
 
@@ -118,12 +159,13 @@ def score_named(name: str) -> Score:
 
 
 def fit_statistics(
-    score: str, features: torch.Tensor, labels: torch.Tensor, num_classes: int
+    score: str, features: torch.Tensor, labels: torch.Tensor, num_classes: int, head: Head | None = None
 ) -> dict[str, torch.Tensor]:
-    """What ``score`` needs from training images: their pre-logit ``features`` (N, D) and ``labels`` (N,)
-    (knn: the normalised features; mahalanobis: the class means and the shared covariance's inverse)."""
+    """What ``score`` needs from training images: their pre-logit ``features`` (N, D) and ``labels`` (N,), and
+    the classifier's ``head`` for scores that read it (knn: the normalised features; mahalanobis: the class means
+    and the shared covariance's inverse; vim: the origin, the residual basis and alpha)."""
     fit = score_named(score).fit
-    return {} if fit is None else fit(features, labels, num_classes)
+    return {} if fit is None else fit(features, labels, num_classes, head)
 
 
 def ood_scores(

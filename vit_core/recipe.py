@@ -18,6 +18,7 @@ from typing import Any
 from .cnn import is_cnn
 from .config import ViTConfig
 from .data import check_augment
+from .data.photos import check_photos
 from .variants import get_config
 
 
@@ -39,6 +40,13 @@ class Recipe:
     # filters, as many as its input channels, pass their input through; ConvStem.dirac_)
     stem_init: str = "pytorch"
     init: str | None = None  # fine-tune from a checkpoint: run folder, Hub id or timm:<name>; new zero head
+    keep_head: bool = False  # fine-tuning on the checkpoint's own classes: keep its head instead of a new one
+    # a hybrid's CNN stays as it is (weights and BatchNorm statistics): only the transformer and head train, and
+    # the backward pass stops at the tokens (about twice as fast per image for the speedrun's model)
+    freeze_stem: bool = False
+    # WiSE-FT (Wortsman et al. 2022): the run folder holds (1 - w) init + w trained weights, interpolated in weight
+    # space, which keeps more of what the checkpoint knew (with keep_head: the same parameters on both sides)
+    wise_ft: float | None = None
     task: str = "classify"  # "classify", or "mpp": masked patch prediction pre-training (section 4.6)
     # --- the data
     data: str = "cifar10"  # mnist | fashion-mnist | cifar10 | a folder | hf:<name> (vit_core.data)
@@ -52,12 +60,19 @@ class Recipe:
     # decode a folder's images once, into memory, at the model's input size (before its crop): batches are then
     # cut and augmented on the device, as CIFAR's are (vit_core.data.decode_all; for up to a few thousand images)
     in_memory: bool = False
+    # real photos added to the in-memory training images, shrunk as the app shrinks them (vit_core.data.photos):
+    # {"folder": "photos/cats_and_dogs", "classes": {"cats": "cat", "dogs": "dog"}, "copies": 3}
+    photos: dict[str, Any] | None = None
     augment: dict[str, Any] = field(default_factory=dict)  # vit_core.data.AUGMENT_DEFAULTS keys
     mixup: float = 0.0  # Mixup alpha; 0: off
     cutmix: float = 0.0  # CutMix alpha; 0: off
     mixup_prob: float = 1.0  # probability of mixing a batch
     mixup_switch_prob: float = 0.5  # probability of CutMix instead of Mixup when both are on
     label_smoothing: float = 0.0
+    # the loss sees the logits plus the log of each class's share of the training images (Menon et al. 2021,
+    # logit adjustment): the model's own logits then answer as if the classes were equally common, whatever the
+    # mix it trained on (e.g. CIFAR-10 with extra photos of two classes)
+    logit_adjust: bool = False
     # --- optimisation
     epochs: int = 10
     batch_size: int = 128  # global: over all processes
@@ -210,6 +225,13 @@ class Recipe:
             problems.append(f"grad_clip must be > 0 or None, got {self.grad_clip}")
         if self.init is not None and self.model is not None:
             problems.append("give either model (train from scratch) or init (fine-tune a checkpoint), not both")
+        if self.freeze_stem and self.stem_optimizer is not None:
+            problems.append("freeze_stem keeps the CNN as it is: it takes no stem_optimizer")
+        if self.wise_ft is not None and not (self.keep_head and 0 < self.wise_ft <= 1):
+            problems.append(f"wise_ft must be in (0, 1] and needs keep_head (init's own head), got {self.wise_ft}")
+        if self.keep_head and self.init is None:
+            problems.append("keep_head keeps a fine-tuned checkpoint's head: give init")
+        problems += check_photos(self.photos)
         if self.init is not None and self.stem_init != "pytorch":
             problems.append("stem_init initialises a model trained from scratch; a fine-tuned one keeps its weights")
         derived = sorted({"num_classes", "label_names"} & set(self.model_args))

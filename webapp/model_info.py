@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,7 +17,7 @@ from vit_core import VisionTransformer, figures, inspection
 from vit_core.calibration import calibrated_views
 from vit_core.run_folder import METRICS_NAME, RECIPE_NAME
 
-from .analysis import autocast
+from .analysis import Analysis, autocast
 
 UNSURE_BELOW = 0.5  # a top-1 probability under this is shown as a guess, not an answer
 FILTERS = 28  # embedding filters shown, as the paper's figure 7 (fewer when the model has fewer)
@@ -71,19 +72,80 @@ def facts(model: VisionTransformer) -> str:
     )
 
 
-def verdict(probs: torch.Tensor, names: list[str], is_ood: bool | None = None) -> str:
-    """The prediction in words. ``is_ood`` True (the model's detector said so: ``vit_core.calibration.predict``):
-    none of its classes, naming the closest. Otherwise the top class when its probability reaches
-    ``UNSURE_BELOW``, else a guess naming the top two, so a low-confidence answer never reads as a confident
-    one. ``is_ood`` None (a model without a detector) is today's rule alone."""
+ANSWER, NONE_OF_MINE, TORN, UNSURE = "answer", "none of my classes", "torn", "not sure"  # Decision.kind
+TORN_FROM = 0.8  # an unsure top two holding this much of the probability between them: "torn between" them
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the app decides about one image, the same in Classify, Batch and the API: ``kind`` (``ANSWER``, a plain
+    answer; ``NONE_OF_MINE``, the detector says the image is like none of the classes; ``TORN``, unsure between
+    two classes; ``UNSURE``, no class stands out), a one-line ``headline`` and the ``reason`` in plain words
+    (empty for a plain answer)."""
+
+    kind: str
+    headline: str
+    reason: str
+
+    @property
+    def plain(self) -> bool:
+        return self.kind == ANSWER
+
+    def markdown(self) -> str:
+        """The headline, and the reason as a second paragraph (the page shows it smaller)."""
+        return self.headline + (f"\n\n{self.reason}" if self.reason else "")
+
+
+def decide(
+    probs: torch.Tensor,
+    names: list[str],
+    is_ood: bool | None = None,
+    ood_score: float | None = None,
+    threshold: float | None = None,
+) -> Decision:
+    """The decision for calibrated ``probs`` over ``names``. ``is_ood`` True (the model's detector said so:
+    ``vit_core.calibration.predict``; its ``ood_score`` and ``threshold`` are quoted when given): none of its
+    classes, naming the one it is most like, and saying that the top probability is a share among the known
+    classes, not a chance that the image is one. Otherwise a plain answer when the top probability reaches
+    ``UNSURE_BELOW``; below it, "torn between" the top two when they hold ``TORN_FROM`` of the probability, else
+    "not sure", so a low-confidence answer never reads as a confident one. ``is_ood`` None (a model without a
+    detector) is the confidence rule alone."""
     p, i = probs.topk(min(2, len(names)))
-    best = f"{names[i[0]]} ({float(p[0]):.0%})"
+    top, p0 = names[i[0]], float(p[0])
     if is_ood:
-        return f"This doesn't look like any of the {len(names)} classes I know — closest: {best}"
-    if float(p[0]) >= UNSURE_BELOW:
-        return best
-    runner_up = f" or {names[i[1]]} ({float(p[1]):.0%})" if len(names) > 1 else ""
-    return f"Not sure — maybe {best}{runner_up}"
+        known = ood_score is not None and threshold is not None
+        score = f" (unusualness {ood_score:,.0f}; it answers up to {threshold:,.0f})" if known else ""
+        return Decision(
+            NONE_OF_MINE,
+            f"Not one of my {len(names)} classes — most like: {top}",
+            f"It looks unlike the training photos of every class{score}. The {p0:.0%} is {top}'s share among my "
+            f"{len(names)} classes, not the chance that this is one.",
+        )
+    if p0 >= UNSURE_BELOW or len(names) == 1:
+        return Decision(ANSWER, f"{top} ({p0:.0%})", "")
+    second, p1 = names[i[1]], float(p[1])
+    if p0 + p1 >= TORN_FROM:
+        return Decision(
+            TORN,
+            f"Not sure — torn between {top} ({p0:.0%}) and {second} ({p1:.0%})",
+            f"It looks like the training photos of both {top} and {second}, and nothing in it settles which.",
+        )
+    return Decision(
+        UNSURE,
+        f"Not sure — maybe {top} ({p0:.0%}) or {second} ({p1:.0%})",
+        f"No class stands out: the likeliest has {p0:.0%}, under the {UNSURE_BELOW:.0%} an answer needs.",
+    )
+
+
+def analysis_decision(a: Analysis) -> Decision:
+    """``decide`` for an analysed upload (``webapp.analysis.analyse``), quoting its detector's score."""
+    detector = a.model.calibration.ood if a.model.calibration is not None else None
+    return decide(a.probs, a.names, a.is_ood, a.ood_score, None if detector is None else detector.threshold)
+
+
+def verdict(probs: torch.Tensor, names: list[str], is_ood: bool | None = None) -> str:
+    """The decision's headline (``decide``): one line, for a caption or a CSV cell."""
+    return decide(probs, names, is_ood).headline
 
 
 # ------------------------------------------------------------------------------------------- Inspect

@@ -94,9 +94,10 @@ def classify(
 ) -> tuple[dict[str, float], Image.Image, float, str, str, dict]:
     """Top-k classes; the image with a relevance map over the region the model saw (with a colour bar);
     the compute time in ms (decode, model and map; a cached forward pass is reused when only the settings
-    change); the prediction in words ("Not sure — maybe ..." below 50%; "This doesn't look like any of the N
-    classes I know" when the model's detector says so); the class the map explains; and that "none of my
-    classes" check in numbers: the decision, the score and the threshold it was compared with.
+    change); the prediction in words with, when it is not a plain answer, why on a second line ("Not sure -
+    torn between ..." or "Not sure - maybe ..." below 50%; "Not one of my N classes - most like: ..." when the
+    model's detector says so); the class the map explains; and that "none of my classes" check in numbers with
+    the same decision and reason.
     A method of None is the server's default map (AttnLRP unless the server chose another).
     Layer and head (raw attention) are numbered from 0; a negative layer counts from the end (-1: the last)."""
     settings = (method, target, layer, head, head_fusion, discard_ratio, opacity, top_k)
@@ -126,7 +127,7 @@ def answer(
     top = a.probs.topk(k)
     labels = {a.names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
     overlay = render.map_on_image(a.shown, a.box, heat, s.opacity, method.lower())
-    verdict = model_info.verdict(a.probs, a.names, a.is_ood)
+    verdict = model_info.analysis_decision(a).markdown()
     return labels, render.unique(overlay, method), round(compute_ms, 2), verdict, explains(a, s), ood_check(a), covered
 
 
@@ -143,9 +144,13 @@ def compute_note(ms: float, covered: str) -> str:
 def ood_check(a: Analysis) -> dict:
     """The "none of my classes" check of an analysis, as the batch CSV gives it: the decision, the score and the
     stored threshold it was compared with (all None for a model without a detector: its calibration is
-    unknown, and only the "Not sure" rule applies)."""
+    unknown, and only the "Not sure" rule applies); and the app's decision (``model_info.decide``: "answer",
+    "none of my classes", "torn" or "not sure") with its reason in words."""
     detector = a.model.calibration.ood if a.model.calibration is not None else None
+    decision = model_info.analysis_decision(a)
     return {
+        "decision": decision.kind,
+        "reason": decision.reason,
         "none_of_my_classes": a.is_ood,
         "ood_score": a.ood_score,
         "threshold": None if detector is None else detector.threshold,

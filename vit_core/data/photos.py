@@ -1,0 +1,135 @@
+"""Real photos folded into a small-image training set, shrunk as the app shrinks them.
+
+A CIFAR-10 model sees 32x32 images that were made by shrinking photos; the app squashes a person's photo
+whole to the model's input the same way. Photos of the model's classes (e.g. ``photos/cats_and_dogs/train``)
+are added to its in-memory training images as uint8 tensors of the input size, so the batch pipeline (pad-crop,
+alternating flips) treats them like the rest:
+
+- copy 0 of each photo is exactly what the app's preprocessing makes of it (``ImageTransform``'s eval resize
+  with ``crop_pct`` 1 and the checkpoint's ``crop_mode``);
+- copies 1.. look like other photos of the same thing, shrunk: a random resized crop of the full-size photo
+  (area 35-100%, aspect 3/4-4/3, as Szegedy et al. 2015's Inception crop), colour jitter (brightness,
+  contrast and saturation factors in [0.7, 1.3], hue within 0.03 of a turn), a Gaussian blur (p = 0.3,
+  radius 0.3-1.2 px at the photo's size) and a JPEG re-encode (p = 0.5, quality 30-90), then the same resize.
+
+Everything is drawn from ``random.Random(seed)``: the same recipe makes the same images.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision.transforms.v2.functional as TF
+from PIL import Image, ImageFilter
+from tqdm.auto import tqdm
+
+from .datasets import ImageFolderDataset, InMemoryImageDataset, _split_folder, default_data_root
+from .images import ImageDataError, load_image, to_model_mode
+from .transforms import _resize_center_crop
+
+PHOTO_KEYS = ("folder", "classes", "copies")
+
+
+def check_photos(spec: dict[str, Any] | None) -> list[str]:
+    """Problems with a recipe's ``photos``: {"folder": path (relative: under the data root), "classes":
+    {folder class: model class}, "copies": n >= 1}."""
+    if spec is None:
+        return []
+    unknown = sorted(set(spec) - set(PHOTO_KEYS))
+    missing = sorted(set(PHOTO_KEYS) - set(spec))
+    if unknown or missing:
+        return [f"photos needs exactly the keys {', '.join(PHOTO_KEYS)} (unknown {unknown}, missing {missing})"]
+    problems = []
+    if not isinstance(spec["folder"], str):
+        problems.append(f"photos folder must be a path, got {spec['folder']!r}")
+    classes = spec["classes"]
+    if not (isinstance(classes, dict) and classes and all(isinstance(v, str) for v in classes.values())):
+        problems.append(f"photos classes must map folder class names to the model's, got {classes!r}")
+    copies = spec["copies"]
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        problems.append(f"photos copies must be an integer >= 1, got {copies!r}")
+    return problems
+
+
+def photo_folder(folder: str, split: str) -> Path:
+    """``folder`` (relative paths under ``default_data_root()``), its ``split`` sub-folder when it has one."""
+    path = Path(folder).expanduser()
+    path = path if path.is_absolute() else default_data_root() / path
+    if not path.is_dir():
+        raise ImageDataError(f"photos folder {path}: no such folder")
+    return _split_folder(path, split)
+
+
+def shrink(img: Image.Image, cfg: dict[str, Any]) -> torch.Tensor:
+    """``img`` as the eval transform of ``cfg`` (a ``pretrained_cfg``) resizes it, before normalising: uint8."""
+    in_chans, h, w = (int(v) for v in cfg["input_size"])
+    squash = cfg.get("crop_mode") == "squash"
+    small = _resize_center_crop(to_model_mode(img, in_chans), (h, w), 1.0, cfg["interpolation"], squash)
+    return TF.pil_to_tensor(small)
+
+
+def photo_like(img: Image.Image, rng: random.Random) -> Image.Image:
+    """Another photo of the same thing: crop, colour, blur and compression drawn from ``rng`` (module docstring)."""
+    W, H = img.size
+    for _ in range(10):  # torchvision's RandomResizedCrop sampling, with its fallback to the whole image
+        area = W * H * rng.uniform(0.35, 1.0)
+        ratio = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+        w, h = round(math.sqrt(area * ratio)), round(math.sqrt(area / ratio))
+        if 0 < w <= W and 0 < h <= H:
+            left, top = rng.randint(0, W - w), rng.randint(0, H - h)
+            img = img.crop((left, top, left + w, top + h))
+            break
+    img = TF.adjust_brightness(img, rng.uniform(0.7, 1.3))
+    img = TF.adjust_contrast(img, rng.uniform(0.7, 1.3))
+    img = TF.adjust_saturation(img, rng.uniform(0.7, 1.3))
+    img = TF.adjust_hue(img, rng.uniform(-0.03, 0.03))
+    if rng.random() < 0.3:
+        img = img.filter(ImageFilter.GaussianBlur(rng.uniform(0.3, 1.2)))
+    if rng.random() < 0.5:
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=rng.randint(30, 90))
+        img = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+    return img
+
+
+def photo_images(spec: dict[str, Any], class_names: list[str], cfg: dict[str, Any], seed: int) -> InMemoryImageDataset:
+    """The training photos of ``spec`` (a recipe's ``photos``), ``copies`` of each, labelled with the model's
+    ``class_names`` through ``spec["classes"]``, as uint8 images of the input size (module docstring)."""
+    folder = ImageFolderDataset(photo_folder(spec["folder"], "train"))
+    mapping = spec["classes"]
+    wrong = sorted(set(mapping) - set(folder.classes)) + sorted(set(mapping.values()) - set(class_names))
+    if wrong:
+        raise ImageDataError(
+            f"photos classes {mapping}: {wrong} not among the folder's ({folder.classes}) or the data's classes"
+        )
+    rng = random.Random(seed)
+    images, targets = [], []
+    samples = [
+        (p, class_names.index(mapping[folder.classes[y]])) for p, y in folder.samples if folder.classes[y] in mapping
+    ]
+    for path, label in tqdm(samples, desc="photos", unit="photo", leave=False):
+        img = load_image(path).convert("RGB")
+        for copy in range(spec["copies"]):
+            images.append(shrink(img if copy == 0 else photo_like(img, rng), cfg))
+            targets.append(label)
+    return InMemoryImageDataset(torch.stack(images), torch.tensor(targets), list(class_names))
+
+
+def with_photos(
+    train_set: InMemoryImageDataset, spec: dict[str, Any], cfg: dict[str, Any], seed: int
+) -> InMemoryImageDataset:
+    """``train_set`` (in memory) and the photos of ``spec``, one dataset with ``train_set``'s transform."""
+    if not isinstance(train_set, InMemoryImageDataset):
+        raise ImageDataError("photos are added to an in-memory training set (mnist, fashion-mnist, cifar10)")
+    extra = photo_images(spec, list(train_set.classes), cfg, seed)
+    return InMemoryImageDataset(
+        torch.cat([train_set.images, extra.images]),
+        torch.cat([train_set.targets, extra.targets]),
+        list(train_set.classes),
+        train_set.transform,
+    )
