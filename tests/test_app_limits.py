@@ -182,11 +182,14 @@ def test_the_client_address_is_the_one_the_proxy_added(space, tmp_path):
 
     Image.new("RGB", (7063, 7063), (200, 30, 60)).save(tmp_path / "big.png")
     big = {"path": _upload(space, tmp_path / "big.png"), "meta": {"_type": "gradio.FileData"}}
-    assert join(0, real="192.0.2.1", values=[big, *data[1:]]) == 200
-    time.sleep(1)  # it computes: the joins below wait
+    for i in range(3):  # 49.9 MP classifies of other clients hold the compute slot while the joins below arrive
+        assert join(0, real=f"192.0.2.{i + 1}", values=[big, *data[1:]]) == 200
+    time.sleep(1)
     with ThreadPoolExecutor(20) as pool:
         codes = list(pool.map(join, range(100)))
-    assert codes.count(200) <= 32 and codes.count(422) >= 68, codes
+    # at most 32 of them waiting or running at once; one that finishes during the flood frees its place, so a
+    # fast machine may accept a few more (it accepted 34 once); without the proxy's address it was 65-67
+    assert codes.count(200) <= 40 and codes.count(422) >= 60, codes
     assert join(0, real="198.51.100.9") == 200
 
 

@@ -73,8 +73,10 @@ def cifar():
 
 def test_default_data_root(monkeypatch, tmp_path):
     monkeypatch.delenv("VIT_DATA", raising=False)
-    repo = Path(vit_core.__file__).resolve().parent.parent
-    assert default_data_root() == (repo.parent / "shared" / "data").resolve()
+    monkeypatch.setattr(datasets, "PROJECT_DATA", tmp_path)  # a checkout beside the shared data (it exists)
+    assert default_data_root() == tmp_path
+    monkeypatch.setenv("VIT_DATA", str(tmp_path / "elsewhere"))
+    assert default_data_root() == tmp_path / "elsewhere"  # VIT_DATA wins
     monkeypatch.setenv("VIT_DATA", str(tmp_path))
     assert default_data_root() == tmp_path
     # outside a checkout beside the shared data (an installed package, a fresh clone): the user's cache
