@@ -95,13 +95,15 @@ def test_keep_head_fine_tunes_the_checkpoints_own_classifier():
     assert not fresh.head.weight.any()
 
 
-def test_freeze_stem_trains_the_transformer_and_leaves_the_cnn_as_it_was(tmp_path):
-    """A hybrid fine-tuned with freeze_stem: its CNN's weights and BatchNorm statistics are the checkpoint's
+def test_a_frozen_cnn_stays_as_it_was_while_the_transformer_trains(tmp_path):
+    """A hybrid fine-tuned with its CNN in ``freeze``: its CNN's weights and BatchNorm statistics are the checkpoint's
     exactly, its transformer and head moved; a stem_optimizer beside it is refused."""
     data = make_image_folder(tmp_path / "data")
     stem = dict(TINY, patch_size=1, stem_channels=(4, 8), stem_strides=(1, 1), stem_pools=(2, 2))
     train(tiny_recipe(data, model_args=stem, epochs=1), tmp_path / "base", progress=False)
-    tune = tiny_recipe(data, model_args={}, init=str(tmp_path / "base"), keep_head=True, freeze_stem=True)
+    tune = tiny_recipe(
+        data, model_args={}, init=str(tmp_path / "base"), keep_head=True, freeze=["patch_embed.backbone"]
+    )
     train(tune, tmp_path / "tuned", progress=False)
     before, after = (
         load_file(tmp_path / "base" / "model.safetensors"),
@@ -111,8 +113,8 @@ def test_freeze_stem_trains_the_transformer_and_leaves_the_cnn_as_it_was(tmp_pat
     assert any("running_mean" in k for k in cnn) and all(torch.equal(before[k], after[k]) for k in cnn)
     assert not torch.equal(before["head.weight"], after["head.weight"])
     assert not torch.equal(before["blocks.0.attn.qkv.weight"], after["blocks.0.attn.qkv.weight"])
-    with pytest.raises(RecipeError, match="freeze_stem"):
-        Recipe.from_dict({"freeze_stem": True, "stem_optimizer": {"lr": 0.1}})
+    with pytest.raises(RecipeError, match="takes no stem_optimizer"):
+        Recipe.from_dict({"freeze": ["patch_embed"], "stem_optimizer": {"lr": 0.1}})
 
 
 def test_logit_adjust_is_the_loss_of_menon_et_al():

@@ -133,10 +133,6 @@ def build_network(
             if not isinstance(stem, ConvStem):
                 raise RecipeError("stem_init 'dirac' initialises a conv stem (model_args stem_channels): none here")
             stem.dirac_()
-    if recipe.freeze_stem:
-        if getattr(getattr(model, "patch_embed", None), "backbone", None) is None:
-            raise RecipeError("freeze_stem freezes a hybrid's CNN, and this model has none")
-        model.patch_embed.backbone.requires_grad_(False)
     if recipe.bn_momentum is not None:
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):

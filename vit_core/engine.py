@@ -251,8 +251,6 @@ class _Run:
         net.train()
         for m in self.frozen:  # frozen BatchNorm layers keep their statistics
             m.eval()
-        if recipe.freeze_stem:  # its BatchNorm statistics too
-            self.model.patch_embed.backbone.eval()
         stopped = None
         sums = torch.zeros(3, dtype=torch.float64, device=self.procs.device)  # loss * n, correct, n
         t0 = time.time()

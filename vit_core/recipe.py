@@ -41,9 +41,6 @@ class Recipe:
     stem_init: str = "pytorch"
     init: str | None = None  # fine-tune from a checkpoint: run folder, Hub id or timm:<name>; new zero head
     keep_head: bool = False  # fine-tuning on the checkpoint's own classes: keep its head instead of a new one
-    # a hybrid's CNN stays as it is (weights and BatchNorm statistics): only the transformer and head train, and
-    # the backward pass stops at the tokens (about twice as fast per image for the speedrun's model)
-    freeze_stem: bool = False
     # WiSE-FT (Wortsman et al. 2022): the run folder holds (1 - w) init + w trained weights, interpolated in weight
     # space, which keeps more of what the checkpoint knew (with keep_head: the same parameters on both sides)
     wise_ft: float | None = None
@@ -225,8 +222,8 @@ class Recipe:
             problems.append(f"grad_clip must be > 0 or None, got {self.grad_clip}")
         if self.init is not None and self.model is not None:
             problems.append("give either model (train from scratch) or init (fine-tune a checkpoint), not both")
-        if self.freeze_stem and self.stem_optimizer is not None:
-            problems.append("freeze_stem keeps the CNN as it is: it takes no stem_optimizer")
+        if self.stem_optimizer is not None and any("patch_embed.backbone".startswith(n) for n in self.freeze if n):
+            problems.append("freeze keeps the hybrid's CNN as it is: it takes no stem_optimizer")
         if self.wise_ft is not None and not (self.keep_head and 0 < self.wise_ft <= 1):
             problems.append(f"wise_ft must be in (0, 1] and needs keep_head (init's own head), got {self.wise_ft}")
         if self.keep_head and self.init is None:
