@@ -7,7 +7,7 @@ fill the queue (100 requests from one client: the next person was refused, or wa
 
 - **One concurrency group.** Every compute listener, UI-only ones included, joins ``COMPUTE``: at most
   ``--concurrency`` requests compute at once across the whole server.
-- **One memory budget** (``Gate``). Each request's peak memory is estimated before it runs (``Costs``, from
+- **One memory budget** (``Gate``). Each request's peak memory is estimated before it runs (its tab's ``estimate``, from
   the image's header and the model's config, nothing decoded) and it is admitted only when it fits:
   ``base + reserved + running + cost <= --max-memory`` (``reserved``: the room Gradio's sessions may still
   take, ``webapp.sessions``), where ``running`` sums the estimates of the requests computing
