@@ -60,11 +60,11 @@ def test_photos_join_an_in_memory_training_set(folder):
     base = InMemoryImageDataset(
         torch.zeros(5, 3, 32, 32, dtype=torch.uint8), torch.arange(5) % 3, ["airplane", "cat", "dog"], "tf"
     )
-    joined = with_photos(base, SPEC | {"folder": str(folder), "copies": 1}, SQUASH, seed=0)
+    joined = with_photos(base, SPEC | {"folder": str(folder), "copies": 1}, None, SQUASH, seed=0)
     assert len(joined) == 9 and joined.transform == "tf" and joined.classes == base.classes
     assert torch.equal(joined.images[:5], base.images) and joined.targets[5:].tolist() == [1, 1, 2, 2]
     with pytest.raises(ImageDataError, match="not among"):
-        with_photos(base, SPEC | {"folder": str(folder), "classes": {"cats": "horse"}}, SQUASH, seed=0)
+        with_photos(base, SPEC | {"folder": str(folder), "classes": {"cats": "horse"}}, None, SQUASH, seed=0)
 
 
 @pytest.mark.parametrize(
@@ -145,3 +145,43 @@ def test_wise_ft_exports_the_weight_space_mix_of_checkpoint_and_fine_tune(tmp_pa
         torch.testing.assert_close(b[k], 0.75 * i[k] + 0.25 * a[k], msg=k)
     with pytest.raises(RecipeError, match="wise_ft"):
         Recipe.from_dict({"init": "x", "wise_ft": 0.5})  # without keep_head
+
+
+def test_the_recipes_photos_join_the_ood_statistics(tmp_path, folder, monkeypatch):
+    """``calibrate_checkpoint(photos=...)`` (``train calibrate`` on a run whose recipe has ``photos``): the
+    Mahalanobis class means and shared covariance are those of the fit images' features together with each
+    training photo's as the app shrinks it (brute force here), so real photos of a class the model trained on
+    are not "unlike" it; without photos, the fit images' alone."""
+    from vit_core import evaluation, from_pretrained, save_pretrained
+    from vit_core.data import fixed_subset
+    from vit_core.ood import fit_statistics
+
+    names = ["airplane", "cat", "dog"]
+    cfg = ViTConfig(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3, label_names=names)
+    torch.manual_seed(0)
+    save_pretrained(VisionTransformer(cfg), tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")  # as calibration loads it, its preprocessing included
+    g = torch.Generator().manual_seed(0)
+    images, targets = torch.randint(0, 256, (60, 3, 32, 32), generator=g, dtype=torch.uint8), torch.arange(60) % 3
+
+    def in_memory(spec, split, transform, subset):  # a CIFAR-like in-memory training split
+        return fixed_subset(InMemoryImageDataset(images, targets, names, transform), subset)
+
+    monkeypatch.setattr(evaluation, "load_data", in_memory)
+    spec = SPEC | {"folder": str(folder)}
+    common = dict(held_out=(40, 60), fit=(0, 40), tta=None, ood="mahalanobis", device="cpu", progress=False)
+    with_p, _ = evaluation.calibrate_checkpoint(tmp_path / "m", "x", photos=spec, **common)
+    without, _ = evaluation.calibrate_checkpoint(tmp_path / "m", "x", **common)
+
+    transform = build_transform(model.pretrained_cfg)
+    fit = fixed_subset(InMemoryImageDataset(images, targets, names, transform), [0, 40])
+    photos = photo_images(spec | {"copies": 1}, names, model.pretrained_cfg, seed=0)
+    x = torch.stack([fit[i][0] for i in range(40)] + [transform(p) for p in photos.images])
+    y = torch.cat([fit.targets, photos.targets])
+    with torch.no_grad():
+        features = model.forward_head(model.forward_features(x), pre_logits=True)
+    want = fit_statistics("mahalanobis", features, y, 3)
+    for key, value in want.items():
+        torch.testing.assert_close(with_p.ood.statistics[key], value, rtol=1e-4, atol=1e-4, msg=key)
+    assert not torch.allclose(without.ood.statistics["means"], want["means"], atol=1e-4)
+    assert "training photos of" in with_p.ood.fitted_on and "photos" not in without.ood.fitted_on

@@ -154,7 +154,13 @@ def calibrate_parser() -> argparse.ArgumentParser:
         nargs=2,
         default=list(OOD_FIT),
         metavar=("START", "STOP"),
-        help=f"training images whose features give the OOD statistics (default {OOD_FIT[0]} {OOD_FIT[1]})",
+        help=f"training images whose features give the OOD statistics (default {OOD_FIT[0]} {OOD_FIT[1]}); the "
+        "photos of the run's recipe (its 'photos') join them",
+    )
+    p.add_argument(
+        "--without-photos",
+        action="store_true",
+        help="the OOD statistics from the --fit images alone, not also the recipe's training photos",
     )
     p.add_argument(
         "--tta",
@@ -322,6 +328,7 @@ def run_calibrate(argv: list[str]) -> None:
         keep=args.keep,
         seen=seen,
         store_temperature=not seen,
+        photos=None if args.without_photos else recipe.get("photos"),
         batch_size=args.batch_size,
         device=args.device,
         progress=not args.no_progress,

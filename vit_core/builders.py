@@ -32,7 +32,7 @@ from .data import (
     stratified_split,
     with_transform,
 )
-from .data.photos import with_photos
+from .data.photos import OUTLIER, with_photos
 from .distributed import seed_all
 from .hybrid import ConvStem, whitening_weights
 from .model import VisionTransformer
@@ -64,8 +64,8 @@ def build_datasets(recipe: Recipe, pretrained_cfg: dict[str, Any]) -> tuple[Data
         return with_transform(decode_all(recipe.data, split, pretrained_cfg, keep), transform)
 
     train_set = load("train", train_tf, recipe.train_subset)
-    if recipe.photos is not None:
-        train_set = with_photos(train_set, recipe.photos, pretrained_cfg, recipe.seed)
+    if recipe.photos is not None or recipe.outliers is not None:
+        train_set = with_photos(train_set, recipe.photos, recipe.outliers, pretrained_cfg, recipe.seed)
     if recipe.val_fraction is None:
         test_set = load("test", test_tf, recipe.eval_subset)
     else:
@@ -284,13 +284,16 @@ def build_loss(
     """Mixup/CutMix (None when off or for ``task='mpp'``) and the classification loss that goes with it:
     soft-target cross-entropy for mixed targets (label smoothing included), else label smoothing or plain
     cross-entropy; with ``logit_adjust``, of the logits plus the log class frequencies of ``counts`` (the
-    training images per class)."""
+    training images per class); with ``outliers``, that loss on the images of the classes plus outlier
+    exposure's on the rest (``OutlierExposure``)."""
     mixup, loss = _loss(recipe, classes)
-    if not recipe.logit_adjust:
-        return mixup, loss
-    if counts is None or (counts == 0).any():
-        raise RecipeError("logit_adjust needs training images of every class")
-    return mixup, LogitAdjusted(loss, (counts.double() / counts.sum()).log().float())
+    if recipe.logit_adjust:
+        if counts is None or (counts == 0).any():
+            raise RecipeError("logit_adjust needs training images of every class")
+        loss = LogitAdjusted(loss, (counts.double() / counts.sum()).log().float())
+    if recipe.outliers is not None:
+        loss = OutlierExposure(loss, recipe.outliers["weight"])
+    return mixup, loss
 
 
 class LogitAdjusted(nn.Module):
@@ -304,6 +307,24 @@ class LogitAdjusted(nn.Module):
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.loss(logits + self.log_prior.to(logits.device), target)
+
+
+class OutlierExposure(nn.Module):
+    """Outlier exposure (Hendrycks et al. 2019, eq. 1 for classification): ``loss`` on the images of the
+    model's classes plus ``weight`` times the cross-entropy from the uniform distribution to softmax(z) on the
+    outliers (target ``OUTLIER``), -mean_k log softmax(z)_k, whose minimum log K is the answer "every class
+    equally likely". Each term is the mean over its own images, as the paper's two batches are."""
+
+    def __init__(self, loss: nn.Module, weight: float) -> None:
+        super().__init__()
+        self.loss, self.weight = loss, weight
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        out = target == OUTLIER
+        inside = self.loss(logits[~out], target[~out]) if (~out).any() else logits.sum() * 0
+        if not out.any():
+            return inside
+        return inside - self.weight * logits[out].log_softmax(-1).mean(-1).mean()
 
 
 def _loss(recipe: Recipe, classes: list[str] | None) -> tuple[Callable | None, nn.Module]:

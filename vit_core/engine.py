@@ -170,7 +170,8 @@ class _Run:
         self.lookahead = build_lookahead(self.net, recipe, len(self.train_batches))
         self.amp_dtype = autocast_dtype(recipe, procs.device)
         self.scaler = torch.amp.GradScaler(procs.device.type, enabled=self.amp_dtype == torch.float16)
-        counts = None if self.classes is None else torch.bincount(train_set.targets, minlength=len(self.classes))
+        labelled = train_set.targets[train_set.targets >= 0]  # outliers (-1) are of no class
+        counts = None if self.classes is None else torch.bincount(labelled, minlength=len(self.classes))
         self.mixup, self.criterion = build_loss(recipe, self.classes, counts)
         self.micro_batch = recipe.micro_batch or per_rank
         if per_rank % self.micro_batch:
@@ -252,7 +253,7 @@ class _Run:
         for m in self.frozen:  # frozen BatchNorm layers keep their statistics
             m.eval()
         stopped = None
-        sums = torch.zeros(3, dtype=torch.float64, device=self.procs.device)  # loss * n, correct, n
+        sums = torch.zeros(4, dtype=torch.float64, device=self.procs.device)  # loss * n, correct, n, labelled n
         t0 = time.time()
         for i, (x, y) in enumerate(self.train_batches):
             target = y
@@ -277,6 +278,7 @@ class _Run:
                     sums[0] += loss.detach().double() * len(truth)
                     sums[1] += (logits.argmax(-1) == truth).sum() if self.mixup is None else 0
                     sums[2] += len(truth)
+                    sums[3] += (truth >= 0).sum()  # outliers (target -1) are never right nor wrong
             if recipe.grad_clip is not None:
                 self.scaler.unscale_(optimizer)
                 nn.utils.clip_grad_norm_(net.parameters(), recipe.grad_clip)
@@ -301,7 +303,7 @@ class _Run:
         if not math.isfinite(row["train_loss"]):
             raise FloatingPointError(f"the training loss became {row['train_loss']} in epoch {epoch + 1}; lower lr")
         if self.mixup is None:  # mixed targets have no single correct class
-            row["train_acc" if self.mpp else "train_top1"] = 100 * sums[1].item() / sums[2].item()
+            row["train_acc" if self.mpp else "train_top1"] = 100 * sums[1].item() / max(sums[3].item(), 1)
         done = i + 1
         return (
             row

@@ -30,6 +30,7 @@ from .calibration import (
     tta_views,
 )
 from .data import Batches, build_transform, class_subset
+from .data.photos import with_photos
 from .distributed import setup_processes
 from .figures import confusion_figure, reliability_figure
 from .model import VisionTransformer
@@ -197,6 +198,7 @@ def calibrate_checkpoint(
     keep: float = 0.95,
     seen: bool | None = False,
     store_temperature: bool = True,
+    photos: dict[str, Any] | None = None,
     batch_size: int = 500,
     device: str = "auto",
     progress: bool = True,
@@ -210,7 +212,9 @@ def calibrate_checkpoint(
     the model was trained on the held-out images (None: not known), recorded in ``fitted_on``: a model is right
     more often on images it was trained on than on new ones, so fitted there the temperature comes out too low.
     ``store_temperature`` False: the temperature is measured and reported but the calibration holds none
-    (the plain softmax, calibration unknown), e.g. for a model that saw its held-out images.
+    (the plain softmax, calibration unknown), e.g. for a model that saw its held-out images. ``photos``: the
+    run's recipe's (``vit_core.data.photos``); each of its training photos, as the app shrinks it, joins the
+    ``fit`` images, so that the statistics describe what the model was trained on, photos included.
 
     Measured (on the held-out images): ``temperature``, ``nll`` / ``ece`` before and after, ``threshold``."""
     if not (held_out[1] <= fit[0] or fit[1] <= held_out[0]):
@@ -230,12 +234,16 @@ def calibrate_checkpoint(
             return dataset
 
         seen_note = {True: " (seen in training)", None: " (maybe seen in training)", False: ""}[seen]
+        fit_images, fit_name = images(fit) if ood is not None else None, f"{data} training images [{fit[0]}, {fit[1]})"
+        if fit_images is not None and photos is not None:
+            fit_images = with_photos(fit_images, photos | {"copies": 1}, None, net.pretrained_cfg, 0, progress)
+            fit_name += f" and the training photos of {photos['folder']}"
         return calibrate_model(
             net,
             images(held_out),
-            images(fit) if ood is not None else None,
+            fit_images,
             held_out_name=f"{data} training images [{held_out[0]}, {held_out[1]}) of the fixed shuffle{seen_note}",
-            fit_name=f"{data} training images [{fit[0]}, {fit[1]})",
+            fit_name=fit_name,
             tta=tta,
             ood=ood,
             keep=keep,

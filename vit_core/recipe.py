@@ -18,7 +18,7 @@ from typing import Any
 from .cnn import is_cnn
 from .config import ViTConfig
 from .data import check_augment
-from .data.photos import check_photos
+from .data.photos import check_outliers, check_photos
 from .variants import get_config
 
 
@@ -60,6 +60,10 @@ class Recipe:
     # real photos added to the in-memory training images, shrunk as the app shrinks them (vit_core.data.photos):
     # {"folder": "photos/cats_and_dogs", "classes": {"cats": "cat", "dogs": "dog"}, "copies": 3}
     photos: dict[str, Any] | None = None
+    # photos of other things (every class of the folder's train/), labelled "none of my classes": outlier
+    # exposure (Hendrycks et al. 2019), their loss the cross-entropy to the uniform answer times ``weight``:
+    # {"folder": "photos/ants_and_bees", "copies": 8, "weight": 0.5}
+    outliers: dict[str, Any] | None = None
     augment: dict[str, Any] = field(default_factory=dict)  # vit_core.data.AUGMENT_DEFAULTS keys
     mixup: float = 0.0  # Mixup alpha; 0: off
     cutmix: float = 0.0  # CutMix alpha; 0: off
@@ -228,7 +232,9 @@ class Recipe:
             problems.append(f"wise_ft must be in (0, 1] and needs keep_head (init's own head), got {self.wise_ft}")
         if self.keep_head and self.init is None:
             problems.append("keep_head keeps a fine-tuned checkpoint's head: give init")
-        problems += check_photos(self.photos)
+        problems += check_photos(self.photos) + check_outliers(self.outliers)
+        if self.outliers is not None and (self.mixup or self.cutmix or self.val_fraction is not None):
+            problems.append("outliers have no class to mix or hold out: no mixup, cutmix or val_fraction with them")
         if self.init is not None and self.stem_init != "pytorch":
             problems.append("stem_init initialises a model trained from scratch; a fine-tuned one keeps its weights")
         derived = sorted({"num_classes", "label_names"} & set(self.model_args))

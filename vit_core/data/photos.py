@@ -12,6 +12,10 @@ alternating flips) treats them like the rest:
   contrast and saturation factors in [0.7, 1.3], hue within 0.03 of a turn), a Gaussian blur (p = 0.3,
   radius 0.3-1.2 px at the photo's size) and a JPEG re-encode (p = 0.5, quality 30-90), then the same resize.
 
+Photos of other things (a recipe's ``outliers``, e.g. ``photos/ants_and_bees``) join the same way, every class
+of their folder, labelled ``OUTLIER`` (-1): outlier exposure (Hendrycks et al. 2019), whose loss
+(``vit_core.builders.OutlierExposure``) pushes the model's answer for them toward "all classes equally likely".
+
 Everything is drawn from ``random.Random(seed)``: the same recipe makes the same images.
 """
 
@@ -33,6 +37,8 @@ from .images import ImageDataError, load_image, to_model_mode
 from .transforms import _resize_center_crop
 
 PHOTO_KEYS = ("folder", "classes", "copies")
+OUTLIER_KEYS = ("folder", "copies", "weight")
+OUTLIER = -1  # the target of a photo of none of the model's classes
 
 
 def check_photos(spec: dict[str, Any] | None) -> list[str]:
@@ -50,10 +56,29 @@ def check_photos(spec: dict[str, Any] | None) -> list[str]:
     classes = spec["classes"]
     if not (isinstance(classes, dict) and classes and all(isinstance(v, str) for v in classes.values())):
         problems.append(f"photos classes must map folder class names to the model's, got {classes!r}")
-    copies = spec["copies"]
+    return problems + _copies_problems("photos", spec["copies"])
+
+
+def check_outliers(spec: dict[str, Any] | None) -> list[str]:
+    """Problems with a recipe's ``outliers``: {"folder": path (relative: under the data root), "copies": n >= 1,
+    "weight": the outlier-exposure loss's weight > 0 (Hendrycks et al. 2019 use 0.5)}."""
+    if spec is None:
+        return []
+    unknown = sorted(set(spec) - set(OUTLIER_KEYS))
+    missing = sorted(set(OUTLIER_KEYS) - set(spec))
+    if unknown or missing:
+        return [f"outliers needs exactly the keys {', '.join(OUTLIER_KEYS)} (unknown {unknown}, missing {missing})"]
+    problems = [] if isinstance(spec["folder"], str) else [f"outliers folder must be a path, got {spec['folder']!r}"]
+    weight = spec["weight"]
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
+        problems.append(f"outliers weight must be a number > 0, got {weight!r}")
+    return problems + _copies_problems("outliers", spec["copies"])
+
+
+def _copies_problems(key: str, copies: Any) -> list[str]:
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
-        problems.append(f"photos copies must be an integer >= 1, got {copies!r}")
-    return problems
+        return [f"{key} copies must be an integer >= 1, got {copies!r}"]
+    return []
 
 
 def photo_folder(folder: str, split: str) -> Path:
@@ -97,7 +122,9 @@ def photo_like(img: Image.Image, rng: random.Random) -> Image.Image:
     return img
 
 
-def photo_images(spec: dict[str, Any], class_names: list[str], cfg: dict[str, Any], seed: int) -> InMemoryImageDataset:
+def photo_images(
+    spec: dict[str, Any], class_names: list[str], cfg: dict[str, Any], seed: int, progress: bool = True
+) -> InMemoryImageDataset:
     """The training photos of ``spec`` (a recipe's ``photos``), ``copies`` of each, labelled with the model's
     ``class_names`` through ``spec["classes"]``, as uint8 images of the input size (module docstring)."""
     folder = ImageFolderDataset(photo_folder(spec["folder"], "train"))
@@ -107,29 +134,59 @@ def photo_images(spec: dict[str, Any], class_names: list[str], cfg: dict[str, An
         raise ImageDataError(
             f"photos classes {mapping}: {wrong} not among the folder's ({folder.classes}) or the data's classes"
         )
-    rng = random.Random(seed)
-    images, targets = [], []
     samples = [
         (p, class_names.index(mapping[folder.classes[y]])) for p, y in folder.samples if folder.classes[y] in mapping
     ]
-    for path, label in tqdm(samples, desc="photos", unit="photo", leave=False):
+    return _shrunk_copies(samples, spec["copies"], class_names, cfg, random.Random(seed), "photos", progress)
+
+
+def outlier_images(
+    spec: dict[str, Any], class_names: list[str], cfg: dict[str, Any], seed: int, progress: bool = True
+) -> InMemoryImageDataset:
+    """Every training photo of ``spec`` (a recipe's ``outliers``), ``copies`` of each as ``photo_images`` makes
+    them, labelled ``OUTLIER``."""
+    folder = ImageFolderDataset(photo_folder(spec["folder"], "train"))
+    samples = [(p, OUTLIER) for p, _ in folder.samples]
+    return _shrunk_copies(samples, spec["copies"], class_names, cfg, random.Random(seed + 1), "outliers", progress)
+
+
+def _shrunk_copies(
+    samples: list[tuple[Path, int]],
+    copies: int,
+    class_names: list[str],
+    cfg: dict[str, Any],
+    rng: random.Random,
+    desc: str,
+    progress: bool,
+) -> InMemoryImageDataset:
+    """Copy 0 of each photo as the app shrinks it, copies 1.. ``photo_like`` first (module docstring)."""
+    images, targets = [], []
+    for path, label in tqdm(samples, desc=desc, unit="photo", leave=False, disable=not progress):
         img = load_image(path).convert("RGB")
-        for copy in range(spec["copies"]):
+        for copy in range(copies):
             images.append(shrink(img if copy == 0 else photo_like(img, rng), cfg))
             targets.append(label)
     return InMemoryImageDataset(torch.stack(images), torch.tensor(targets), list(class_names))
 
 
 def with_photos(
-    train_set: InMemoryImageDataset, spec: dict[str, Any], cfg: dict[str, Any], seed: int
+    train_set: InMemoryImageDataset,
+    photos: dict[str, Any] | None,
+    outliers: dict[str, Any] | None,
+    cfg: dict[str, Any],
+    seed: int,
+    progress: bool = True,
 ) -> InMemoryImageDataset:
-    """``train_set`` (in memory) and the photos of ``spec``, one dataset with ``train_set``'s transform."""
+    """``train_set`` (in memory), the photos of ``photos`` and those of ``outliers`` (either may be None), one
+    dataset with ``train_set``'s transform."""
     if not isinstance(train_set, InMemoryImageDataset):
         raise ImageDataError("photos are added to an in-memory training set (mnist, fashion-mnist, cifar10)")
-    extra = photo_images(spec, list(train_set.classes), cfg, seed)
+    names = list(train_set.classes)
+    extra = [photo_images(photos, names, cfg, seed, progress)] if photos is not None else []
+    extra += [outlier_images(outliers, names, cfg, seed, progress)] if outliers is not None else []
     return InMemoryImageDataset(
-        torch.cat([train_set.images, extra.images]),
-        torch.cat([train_set.targets, extra.targets]),
-        list(train_set.classes),
+        torch.cat([train_set.images, *(e.images for e in extra)]),
+        torch.cat([train_set.targets, *(e.targets for e in extra)]),
+        names,
         train_set.transform,
     )
