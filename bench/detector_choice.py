@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_grad_enabled(False)
     model = vit_core.from_pretrained(args.model).eval()
     T = temperature(model)
-    stats = fit_all(model, "cifar10")
+    stats = fit_all(model, "cifar10", args.model)
     held = dataset_outputs(model, "cifar10", "train", list(HELD_OUT), "held-out training images")
     shared = default_data_root() / "photos"
     sets = {

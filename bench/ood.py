@@ -36,6 +36,7 @@ outputs (``vit_core.ood``). Printed:
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -56,8 +57,10 @@ from vit_core.calibration import (
     temperature,
 )
 from vit_core.data import Batches, build_transform, class_subset, load_image
+from vit_core.data.photos import with_photos
 from vit_core.evaluation import HELD_OUT, OOD_FIT, model_classes
 from vit_core.ood import SCORES, auroc, fit_statistics, fpr_at_tpr, ood_scores
+from vit_core.run_folder import RECIPE_NAME
 from webapp.catalog import BUNDLED, ROOT
 from webapp.model_info import UNSURE_BELOW
 
@@ -117,9 +120,16 @@ def all_scores(model, out: Outputs, statistics: dict[str, dict[str, torch.Tensor
     }
 
 
-def fit_all(model, data: str) -> dict[str, dict[str, torch.Tensor]]:
-    """Every score's statistics from the plain view of training images OOD_FIT (as ``train calibrate``)."""
-    bank = dataset_outputs(model, data, "train", list(OOD_FIT), "OOD statistics", tta=None)
+def fit_all(model, data: str, folder: str | Path | None = None) -> dict[str, dict[str, torch.Tensor]]:
+    """Every score's statistics from the plain view of training images OOD_FIT and, when ``folder``'s recipe has
+    ``photos``, those photos as the app shrinks them: the images ``train calibrate`` fits its score on."""
+    ds = load_data(data, "train", build_transform(model.pretrained_cfg), list(OOD_FIT))
+    ds = class_subset(ds, model_classes(model, ds.classes))
+    recipe = Path(folder or "", RECIPE_NAME)
+    photos = json.loads(recipe.read_text()).get("photos") if folder is not None and recipe.is_file() else None
+    if photos is not None:
+        ds = with_photos(ds, photos | {"copies": 1}, None, model.pretrained_cfg, 0, progress=False)
+    bank = run(model, Batches(ds, 500, torch.device("cpu"), train=False), "OOD statistics", tta=None)
     head = (model.head.weight, model.head.bias)
     return {s: fit_statistics(s, bank.features[0], bank.labels, model.config.num_classes, head) for s in SCORES}
 
@@ -227,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(
                 f"{args.model} has no stored calibration: run python -m train calibrate --model {args.model}"
             )
-        stats = fit_all(model, "cifar10")
+        stats = fit_all(model, "cifar10", args.model)
     if "far" in args.protocols:
         inside = dataset_outputs(model, "cifar10", "test", None, "CIFAR-10 test")
         s_in = all_scores(model, inside, stats)

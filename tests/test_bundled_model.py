@@ -73,3 +73,18 @@ def test_bundle_is_calibrated_as_its_eval_reports():
     assert recorded["temperature"] == pytest.approx(cal.temperature) and recorded["ece"] < recorded["ece_uncalibrated"]
     assert expected_calibration_error(probs, test.targets[idx]) == pytest.approx(recorded["ece"], abs=0.015)
     assert 0.05 < flagged.float().mean().item() < 0.15  # the threshold keeps 90% of held-out training images
+
+
+@pytest.mark.skipif(not (default_data_root() / "cifar10").is_dir(), reason="CIFAR-10 not found under VIT_DATA")
+def test_the_ood_bench_fits_the_detector_the_bundle_stores():
+    """``bench.ood`` and ``bench.detector_choice`` refit every score as ``train calibrate`` fitted the stored one:
+    on training images 0-9,999 and the recipe's photos. Their Mahalanobis statistics are the bundle's own, so
+    their decisions are the app's."""
+    from bench.ood import fit_all
+
+    model = vit_core.from_pretrained(BUNDLE).eval()
+    stored = model.calibration.ood.statistics
+    with torch.no_grad():
+        refit = fit_all(model, "cifar10", BUNDLE)["mahalanobis"]
+    for key, value in stored.items():
+        torch.testing.assert_close(refit[key], value, rtol=1e-3, atol=1e-3, msg=key)
