@@ -57,8 +57,7 @@ from vit_core.calibration import (
     temperature,
 )
 from vit_core.data import Batches, build_transform, class_subset, load_image
-from vit_core.data.photos import with_photos
-from vit_core.evaluation import HELD_OUT, OOD_FIT, model_classes
+from vit_core.evaluation import HELD_OUT, OOD_FIT, model_classes, ood_fit_images
 from vit_core.ood import SCORES, auroc, fit_statistics, fpr_at_tpr, ood_scores
 from vit_core.run_folder import RECIPE_NAME
 from webapp.catalog import BUNDLED, ROOT
@@ -121,15 +120,12 @@ def all_scores(model, out: Outputs, statistics: dict[str, dict[str, torch.Tensor
 
 
 def fit_all(model, data: str, folder: str | Path | None = None) -> dict[str, dict[str, torch.Tensor]]:
-    """Every score's statistics from the plain view of training images OOD_FIT and, when ``folder``'s recipe has
-    ``photos``, those photos as the app shrinks them: the images ``train calibrate`` fits its score on."""
-    ds = load_data(data, "train", build_transform(model.pretrained_cfg), list(OOD_FIT))
-    ds = class_subset(ds, model_classes(model, ds.classes))
+    """Every score's statistics from the plain view of the images ``train calibrate`` fits its score on
+    (``vit_core.evaluation.ood_fit_images``: training images OOD_FIT and ``folder``'s recipe's ``photos``)."""
     recipe = Path(folder or "", RECIPE_NAME)
     photos = json.loads(recipe.read_text()).get("photos") if folder is not None and recipe.is_file() else None
-    if photos is not None:
-        ds = with_photos(ds, photos | {"copies": 1}, None, model.pretrained_cfg, 0, progress=False)
-    bank = run(model, Batches(ds, 500, torch.device("cpu"), train=False), "OOD statistics", tta=None)
+    images, _ = ood_fit_images(model, data, OOD_FIT, photos, progress=False)
+    bank = run(model, Batches(images, 500, torch.device("cpu"), train=False), "OOD statistics", tta=None)
     head = (model.head.weight, model.head.bias)
     return {s: fit_statistics(s, bank.features[0], bank.labels, model.config.num_classes, head) for s in SCORES}
 

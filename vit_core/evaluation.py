@@ -222,25 +222,11 @@ def calibrate_checkpoint(
     procs = setup_processes(device)
     try:
         net = load_init(str(model)).to(procs.device).eval()
-        transform = build_transform(net.pretrained_cfg, train=False)
-
-        def images(subset: tuple[int, int]) -> Dataset:
-            dataset = load_data(data, "train", transform, list(subset))
-            dataset = class_subset(dataset, model_classes(net, dataset.classes))
-            if net.config.num_classes != len(dataset.classes):
-                raise RecipeError(
-                    f"{model} predicts {net.config.num_classes} classes but {data} has {len(dataset.classes)}"
-                )
-            return dataset
-
         seen_note = {True: " (seen in training)", None: " (maybe seen in training)", False: ""}[seen]
-        fit_images, fit_name = images(fit) if ood is not None else None, f"{data} training images [{fit[0]}, {fit[1]})"
-        if fit_images is not None and photos is not None:
-            fit_images = with_photos(fit_images, photos | {"copies": 1}, None, net.pretrained_cfg, 0, progress)
-            fit_name += f" and the training photos of {photos['folder']}"
+        fit_images, fit_name = ood_fit_images(net, data, fit, photos, progress) if ood is not None else (None, "")
         return calibrate_model(
             net,
-            images(held_out),
+            training_images(net, data, held_out),
             fit_images,
             held_out_name=f"{data} training images [{held_out[0]}, {held_out[1]}) of the fixed shuffle{seen_note}",
             fit_name=fit_name,
@@ -253,6 +239,32 @@ def calibrate_checkpoint(
         )
     finally:
         procs.close()
+
+
+def training_images(net: VisionTransformer, data: str, subset: tuple[int, int]) -> Dataset:
+    """Training images ``subset`` (a..b-1 of the fixed shuffle) of ``data``, preprocessed for ``net``, of its
+    classes."""
+    dataset = load_data(data, "train", build_transform(net.pretrained_cfg), list(subset))
+    dataset = class_subset(dataset, model_classes(net, dataset.classes))
+    if net.config.num_classes != len(dataset.classes):
+        raise RecipeError(f"the model predicts {net.config.num_classes} classes but {data} has {len(dataset.classes)}")
+    return dataset
+
+
+def ood_fit_images(
+    net: VisionTransformer,
+    data: str,
+    fit: tuple[int, int] = OOD_FIT,
+    photos: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> tuple[Dataset, str]:
+    """The images an OOD score's statistics come from, and their name: training images ``fit`` of ``data`` and,
+    with a recipe's ``photos``, each of those training photos as the app shrinks it (``calibrate_checkpoint``)."""
+    images, name = training_images(net, data, fit), f"{data} training images [{fit[0]}, {fit[1]})"
+    if photos is None:
+        return images, name
+    images = with_photos(images, photos | {"copies": 1}, None, net.pretrained_cfg, 0, progress)
+    return images, f"{name} and the training photos of {photos['folder']}"
 
 
 @torch.no_grad()

@@ -44,41 +44,39 @@ OUTLIER = -1  # the target of a photo of none of the model's classes
 def check_photos(spec: dict[str, Any] | None) -> list[str]:
     """Problems with a recipe's ``photos``: {"folder": path (relative: under the data root), "classes":
     {folder class: model class}, "copies": n >= 1}."""
-    if spec is None:
-        return []
-    unknown = sorted(set(spec) - set(PHOTO_KEYS))
-    missing = sorted(set(PHOTO_KEYS) - set(spec))
-    if unknown or missing:
-        return [f"photos needs exactly the keys {', '.join(PHOTO_KEYS)} (unknown {unknown}, missing {missing})"]
-    problems = []
-    if not isinstance(spec["folder"], str):
-        problems.append(f"photos folder must be a path, got {spec['folder']!r}")
+    problems = _spec_problems("photos", spec, PHOTO_KEYS)
+    if spec is None or set(spec) != set(PHOTO_KEYS):
+        return problems
     classes = spec["classes"]
     if not (isinstance(classes, dict) and classes and all(isinstance(v, str) for v in classes.values())):
         problems.append(f"photos classes must map folder class names to the model's, got {classes!r}")
-    return problems + _copies_problems("photos", spec["copies"])
+    return problems
 
 
 def check_outliers(spec: dict[str, Any] | None) -> list[str]:
     """Problems with a recipe's ``outliers``: {"folder": path (relative: under the data root), "copies": n >= 1,
     "weight": the outlier-exposure loss's weight > 0 (Hendrycks et al. 2019 use 0.5)}."""
-    if spec is None:
-        return []
-    unknown = sorted(set(spec) - set(OUTLIER_KEYS))
-    missing = sorted(set(OUTLIER_KEYS) - set(spec))
-    if unknown or missing:
-        return [f"outliers needs exactly the keys {', '.join(OUTLIER_KEYS)} (unknown {unknown}, missing {missing})"]
-    problems = [] if isinstance(spec["folder"], str) else [f"outliers folder must be a path, got {spec['folder']!r}"]
+    problems = _spec_problems("outliers", spec, OUTLIER_KEYS)
+    if spec is None or set(spec) != set(OUTLIER_KEYS):
+        return problems
     weight = spec["weight"]
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
         problems.append(f"outliers weight must be a number > 0, got {weight!r}")
-    return problems + _copies_problems("outliers", spec["copies"])
+    return problems
 
 
-def _copies_problems(key: str, copies: Any) -> list[str]:
+def _spec_problems(key: str, spec: dict[str, Any] | None, keys: tuple[str, ...]) -> list[str]:
+    """What a photo folder's spec (``key`` of a recipe) gets wrong in its keys, its folder or its copies."""
+    if spec is None:
+        return []
+    unknown, missing = sorted(set(spec) - set(keys)), sorted(set(keys) - set(spec))
+    if unknown or missing:
+        return [f"{key} needs exactly the keys {', '.join(keys)} (unknown {unknown}, missing {missing})"]
+    problems = [] if isinstance(spec["folder"], str) else [f"{key} folder must be a path, got {spec['folder']!r}"]
+    copies = spec["copies"]
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
-        return [f"{key} copies must be an integer >= 1, got {copies!r}"]
-    return []
+        problems.append(f"{key} copies must be an integer >= 1, got {copies!r}")
+    return problems
 
 
 def photo_folder(folder: str, split: str) -> Path:
