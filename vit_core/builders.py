@@ -33,6 +33,7 @@ from .data import (
     with_transform,
 )
 from .data.photos import OUTLIER, with_photos
+from .distillation import Distilled
 from .distributed import seed_all
 from .hybrid import ConvStem, whitening_weights
 from .model import VisionTransformer
@@ -285,7 +286,7 @@ def build_loss(
     soft-target cross-entropy for mixed targets (label smoothing included), else label smoothing or plain
     cross-entropy; with ``logit_adjust``, of the logits plus the log class frequencies of ``counts`` (the
     training images per class); with ``outliers``, that loss on the images of the classes plus outlier
-    exposure's on the rest (``OutlierExposure``)."""
+    exposure's on the rest (``OutlierExposure``); with ``distill``, held to the starting model (``Distilled``)."""
     mixup, loss = _loss(recipe, classes)
     if recipe.logit_adjust:
         if counts is None or (counts == 0).any():
@@ -293,6 +294,8 @@ def build_loss(
         loss = LogitAdjusted(loss, (counts.double() / counts.sum()).log().float())
     if recipe.outliers is not None:
         loss = OutlierExposure(loss, recipe.outliers["weight"])
+    if recipe.distill is not None:
+        loss = Distilled(loss, recipe.distill, recipe.distill_temperature)
     return mixup, loss
 
 

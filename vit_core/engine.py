@@ -47,6 +47,7 @@ from .builders import (
     main_groups,
 )
 from .data import Batches
+from .distillation import frozen_copy
 from .distributed import Processes, rng_state, seed_all, set_rng_state, setup_processes
 from .evaluation import evaluate, evaluate_checkpoint, evaluate_mpp
 from .figures import training_curves_figure
@@ -156,6 +157,7 @@ class _Run:
         self.net = build_network(recipe, init, self.classes, train_set).to(procs.device)
         self.model: nn.Module = self.net.vit if self.mpp else self.net
         self.frozen = frozen_modules(self.model, recipe.freeze)
+        self.teacher = None if recipe.distill is None else frozen_copy(self.net)  # before any step, or a resume
         self.budget_s = None if recipe.budget_minutes is None else 60 * recipe.budget_minutes
         if recipe.channels_last:  # convolutions then run in NHWC whatever the input's layout
             self.net = self.net.to(memory_format=torch.channels_last)
@@ -269,7 +271,8 @@ class _Run:
                         loss = F.cross_entropy(logits.float(), truth)
                     else:
                         logits, truth = self.forward(x[part]), y[part]
-                        loss = self.criterion(logits.float(), target[part])
+                        held = () if self.teacher is None else (self.teacher(x[part]).float(),)
+                        loss = self.criterion(logits.float(), target[part], *held)
                 # each micro-batch's mean loss weighted by its share of the batch: the gradients sum to the batch's
                 share = len(x[part]) / len(x)
                 self.scaler.scale(loss * share).backward()

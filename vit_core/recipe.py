@@ -44,6 +44,10 @@ class Recipe:
     # WiSE-FT (Wortsman et al. 2022): the run folder holds (1 - w) init + w trained weights, interpolated in weight
     # space, which keeps more of what the checkpoint knew (with keep_head: the same parameters on both sides)
     wise_ft: float | None = None
+    # learning without forgetting (vit_core.distillation): the loss plus this weight times the distillation loss
+    # to init's own answers (temperature ``distill_temperature``) on the images init classifies right
+    distill: float | None = None
+    distill_temperature: float = 2.0
     task: str = "classify"  # "classify", or "mpp": masked patch prediction pre-training (section 4.6)
     # --- the data
     data: str = "cifar10"  # mnist | fashion-mnist | cifar10 | a folder | hf:<name> (vit_core.data)
@@ -230,6 +234,12 @@ class Recipe:
             problems.append("freeze keeps the hybrid's CNN as it is: it takes no stem_optimizer")
         if self.wise_ft is not None and not (self.keep_head and 0 < self.wise_ft <= 1):
             problems.append(f"wise_ft must be in (0, 1] and needs keep_head (init's own head), got {self.wise_ft}")
+        if self.distill is not None and not (
+            self.keep_head and self.task == "classify" and not (self.mixup or self.cutmix) and self.distill > 0
+        ):
+            problems.append("distill needs keep_head (init's own answers), no mixup or cutmix and a weight > 0")
+        if self.distill_temperature <= 0:
+            problems.append(f"distill_temperature must be > 0, got {self.distill_temperature}")
         if self.keep_head and self.init is None:
             problems.append("keep_head keeps a fine-tuned checkpoint's head: give init")
         problems += check_photos(self.photos) + check_outliers(self.outliers)
