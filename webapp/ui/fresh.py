@@ -95,13 +95,15 @@ class Tickets:
 
     def change(self, page: str | None, group: str, ticket: float | None, subject: Hashable) -> bool:
         """Record that ``page`` chose ``subject`` (an image, files, a model) for ``group`` with ``ticket``; False
-        when the page's newest choice was that subject already (a repeated event: nothing changed)."""
+        when the page's newest choice was that subject already (a repeated event: nothing changed), or when a newer
+        change arrived first (requests outside the queue can overtake each other on a busy server): that one
+        cleared and recomputed, and a recomputation chained after this one would carry a newer ticket than it."""
         if page is None or ticket is None:
             return True
         with self._lock:
             n = self._entry(page, group)
             if ticket <= n.change:
-                return True  # an older change, overtaken: its own answer is dropped as stale
+                return False
             new = n.change == NEVER or subject != n.subject
             n.change, n.subject = ticket, subject
             return new
