@@ -1,7 +1,7 @@
 """Right and honest on real photos (issue #45): what the app answers for photos of its classes and of other things.
 
     python -m bench.photo_answers                    # the bundled model, the val splits (final numbers)
-    python -m bench.photo_answers --split train      # the train splits: for choosing, never for reporting
+    python -m bench.photo_answers --split held       # the held-out share of train (bench.photo_split): for choosing
     python -m bench.photo_answers --model FOLDER     # another checkpoint
 
 Each photo goes through the app's own path: the model loaded as the app loads it (``webapp.models.Models``), the
@@ -9,16 +9,18 @@ upload decoded and analysed by ``webapp.analysis.analyse`` (its preprocessing, t
 calibrated for, its temperature and "none of my classes" detector), and decided by ``webapp.model_info.decide``
 (a plain answer, "not one of my classes", "torn between" two, or "not sure"). Sets:
 
-- inside, photos of the model's classes: ``photos/cats_and_dogs/<split>`` under the data root (``cats``,
-  ``dogs``), and ``bench/real_photos`` (43 photos of the ten classes; it has no split and chose the bundle's
-  threshold long ago, so it is printed for reference);
+- inside, photos of the model's classes: ``photos/cats_and_dogs/<split>`` (``cats``, ``dogs``) and
+  ``photos/cars_birds_deer_frogs_horses/<split>`` under the data root, and ``bench/real_photos`` (43 photos of
+  the ten classes; it has no split and chose the bundle's threshold long ago, so it is printed for reference);
 - outside, photos of other things: ``photos/ants_and_bees/<split>``, and ``bench/ood_photos`` (78 photos, the
   same caveat).
 
 Printed: per inside set and class, the share right (the top class) and, of the right ones, the share with a
-plain answer; per outside set and class, the share with a plain answer (a plain answer there is wrong); the
-detector's AUROC (its score, outside higher) for each inside set against each outside set, and the top
-probability's (``msp``, 1 - top) for reference; and how the unsure answers split by kind.
+plain answer; over the shared sets' classes together, the mean of the classes' shares right, the lowest, and the
+share of plain answers among the right ones (issue #54's targets); per outside set and class, the share with a
+plain answer (a plain answer there is wrong); the detector's AUROC (its score, outside higher) for each inside
+set against each outside set, and the top probability's (``msp``, 1 - top) for reference; and how the unsure
+answers split by kind.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from bench import photo_split
 from bench.ood import OOD_PHOTOS
 from bench.real_photos import PHOTOS, load_photos, print_table
 from vit_core.data import default_data_root
@@ -41,6 +44,16 @@ from webapp.models import Models
 from webapp.options import Options
 
 PLURALS = {"cats": "cat", "dogs": "dog"}  # the shared sets' folder names -> the model's class names
+INSIDE = ("cats_and_dogs", "cars_birds_deer_frogs_horses")  # the shared sets of the bundle's classes
+OUTSIDE = ("ants_and_bees",)
+
+
+def shared_folder(dataset: str, split: str) -> Path:
+    """A shared photo set's ``split``: ``train`` or ``val`` under the data root, or ``held``, the held-out share
+    of ``train`` (``bench.photo_split``)."""
+    if split == "held":
+        return photo_split.split(dataset) / "held"
+    return default_data_root() / "photos" / dataset / split
 
 
 @dataclass
@@ -88,35 +101,42 @@ def outside_rows(name: str, got: list[Answer]) -> list[list[str]]:
     ]
 
 
+def class_means(sets: dict[str, list[Answer]]) -> tuple[float, float, float]:
+    """Over every class of ``sets`` together: the mean of the classes' shares right, the lowest class's share,
+    and of the right ones the share with a plain answer (all photos pooled)."""
+    got = [a for answers_ in sets.values() for a in answers_]
+    by_class = {c: [a for a in got if a.label == c] for c in {a.label for a in got}}
+    rights = [sum(a.right for a in sel) / len(sel) for sel in by_class.values()]
+    right = [a for a in got if a.right]
+    return 100 * sum(rights) / len(rights), 100 * min(rights), 100 * sum(a.plain for a in right) / max(len(right), 1)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(BUNDLED.relative_to(ROOT)), help="checkpoint folder or Hub id")
-    ap.add_argument("--split", choices=("train", "val"), default="val", help="the shared sets' split")
+    ap.add_argument("--split", choices=("held", "val"), default="val", help="the shared sets' split")
     args = ap.parse_args(argv)
     torch.set_grad_enabled(False)
     model, transform = Models(torch.device("cpu"), Options(models=(args.model,))).get(args.model, wait=3600)
-    shared = default_data_root() / "photos"
-    inside = {
-        f"cats_and_dogs/{args.split}": answers(
-            shared / "cats_and_dogs" / args.split, "cats and dogs", model, transform
-        ),
-        "bench/real_photos": answers(PHOTOS, "bench/real_photos", model, transform),
-    }
-    outside = {
-        f"ants_and_bees/{args.split}": answers(
-            shared / "ants_and_bees" / args.split, "ants and bees", model, transform
-        ),
-        "bench/ood_photos": answers(OOD_PHOTOS, "bench/ood_photos", model, transform),
-    }
+    inside = {f"{d}/{args.split}": answers(shared_folder(d, args.split), d, model, transform) for d in INSIDE}
+    shared = dict(inside)
+    inside["bench/real_photos"] = answers(PHOTOS, "bench/real_photos", model, transform)
+    outside = {f"{d}/{args.split}": answers(shared_folder(d, args.split), d, model, transform) for d in OUTSIDE}
+    outside["bench/ood_photos"] = answers(OOD_PHOTOS, "bench/ood_photos", model, transform)
     print(f"{args.model}: as the app decides (views, temperature, threshold, 'not sure' rule)\n")
     rows = [r for name, got in inside.items() for r in inside_rows(name, got)]
     print_table(["photos of its classes", "class", "right", "of the right: plain answer"], rows)
-    print()
+    mean, lowest, plain = class_means(shared)
+    print(
+        f"\nthe shared sets' classes together: mean right {mean:.1f}% (lowest class {lowest:.1f}%), of the right "
+        f"ones {plain:.1f}% plain\n"
+    )
     rows = [r for name, got in outside.items() for r in outside_rows(name, got)]
     print_table(["photos of other things", "class", "plain answer (target: few)"], rows)
     print()
     rows = []
-    for i_name, i_got in inside.items():
+    every_shared = [a for got in shared.values() for a in got]
+    for i_name, i_got in [*inside.items(), ("the shared sets together", every_shared)]:
         for o_name, o_got in outside.items():
             values = [
                 (torch.tensor([getattr(a, k) for a in i_got]), torch.tensor([getattr(a, k) for a in o_got]))

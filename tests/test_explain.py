@@ -893,6 +893,14 @@ def test_overlay():
     np.testing.assert_allclose(full[-1, -1], hot, atol=1)  # the map's maximum is bottom right
     # smooth upsampling: a 2x2 map becomes a gradient across the image, not four flat blocks
     assert len(np.unique(full[24].reshape(-1, 3), axis=0)) > 20
+    # the colours are matplotlib's colormap called on each upsampled value, blended in floats (within rounding)
+    rgb = Image.fromarray(np.random.default_rng(1).integers(0, 256, (48, 80, 3), dtype=np.uint8))
+    heat = torch.rand(6, 10)
+    m = (heat - heat.min()) / (heat.max() - heat.min())
+    m = np.asarray(Image.fromarray(m.numpy().astype(np.float32)).resize(rgb.size, Image.BICUBIC))
+    ref = 0.7 * np.asarray(rgb) / 255 + 0.3 * colormaps["jet"](np.clip(m, 0, 1))[..., :3]
+    got = np.asarray(figures.overlay(rgb, heat, alpha=0.3)).astype(int)
+    assert np.abs(got - np.round(ref * 255)).max() <= 1
     with pytest.raises(ValueError, match="2D"):
         figures.overlay(image, torch.zeros(1, 2, 2))
 

@@ -303,8 +303,8 @@ def test_the_app_says_why_it_is_unsure():
     far = model_info.decide(torch.tensor([0.98, 0.01, 0.01]), names, is_ood=True, ood_score=1512.4, threshold=1068.3)
     assert far.kind == model_info.NONE_OF_MINE and not far.plain
     assert far.headline == "Not one of my 3 classes — most like: cat"  # no "98%" beside "not one of"
-    assert "unlike the training photos of every class (unusualness 1,512; it answers up to 1,068)" in far.reason
-    assert "98% is cat's share among my 3 classes, not the chance" in far.reason
+    assert "looks unlike the photos I was trained on (score 1,512; I answer up to 1,068)" in far.reason
+    assert "would be cat, but the 98% beside it is a share among my 3 classes, not the chance" in far.reason
     assert far.markdown() == f"{far.headline}\n\n{far.reason}"
 
 
@@ -510,7 +510,7 @@ def test_the_app_says_none_of_my_classes_when_the_models_detector_does(tmp_path)
     words = model_info.verdict(a.probs, a.names, a.is_ood)
     assert words.startswith("Not one of my 10 classes — most like: ")
     decision = model_info.analysis_decision(a)
-    assert decision.kind == model_info.NONE_OF_MINE and f"{a.ood_score:,.0f}; it answers up to " in decision.reason
+    assert decision.kind == model_info.NONE_OF_MINE and f"(score {a.ood_score:,.0f}; I answer up to " in decision.reason
     cat = analyse(bundled, tf, "bundled-cat", str(ROOT / "examples" / "cat_chelsea.jpg"), CPU)
     assert cat.is_ood is False and model_info.verdict(cat.probs, cat.names, cat.is_ood).startswith("cat (")
     plain = _model(label_names=("a", "b", "c", "d", "e"))

@@ -30,7 +30,7 @@ from .calibration import (
     tta_views,
 )
 from .data import Batches, build_transform, class_subset
-from .data.photos import with_photos
+from .data.photos import photo_specs, with_photos
 from .distributed import setup_processes
 from .figures import confusion_figure, reliability_figure
 from .model import VisionTransformer
@@ -198,7 +198,7 @@ def calibrate_checkpoint(
     keep: float = 0.95,
     seen: bool | None = False,
     store_temperature: bool = True,
-    photos: dict[str, Any] | None = None,
+    photos: dict[str, Any] | list[dict[str, Any]] | None = None,
     batch_size: int = 500,
     device: str = "auto",
     progress: bool = True,
@@ -255,7 +255,7 @@ def ood_fit_images(
     net: VisionTransformer,
     data: str,
     fit: tuple[int, int] = OOD_FIT,
-    photos: dict[str, Any] | None = None,
+    photos: dict[str, Any] | list[dict[str, Any]] | None = None,
     progress: bool = True,
 ) -> tuple[Dataset, str]:
     """The images an OOD score's statistics come from, and their name: training images ``fit`` of ``data`` and,
@@ -263,8 +263,9 @@ def ood_fit_images(
     images, name = training_images(net, data, fit), f"{data} training images [{fit[0]}, {fit[1]})"
     if photos is None:
         return images, name
-    images = with_photos(images, photos | {"copies": 1}, None, net.pretrained_cfg, 0, progress)
-    return images, f"{name} and the training photos of {photos['folder']}"
+    specs = [spec | {"copies": 1} for spec in photo_specs(photos)]
+    images = with_photos(images, specs, None, net.pretrained_cfg, 0, progress)
+    return images, f"{name} and the training photos of {' and '.join(spec['folder'] for spec in specs)}"
 
 
 @torch.no_grad()

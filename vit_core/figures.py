@@ -68,14 +68,17 @@ def overlay(
     m = (m - lo) / (hi - lo) if hi > lo else np.zeros_like(m)
     m = np.asarray(Image.fromarray(m.astype(np.float32)).resize(image.size, Image.BICUBIC))
     cmap, (w, h) = colormaps[colormap], image.size
+    # The colormap's own table, indexed as matplotlib indexes it (floor(x * N), the top end in the last entry):
+    # the same colours as ``cmap(x)``, without its float64 RGBA temporaries (a tenth of the time per pixel).
+    table = (cmap(np.arange(cmap.N))[:, :3] * alpha).astype(np.float32)
     out = np.empty((h, w, 3), dtype=np.uint8)
-    # A band of rows at a time, with the same arithmetic as on the whole image: the float temporaries (about
-    # 80 bytes a pixel) stay the size of one band, so a large picture costs its 3 bytes a pixel and little more.
+    # A band of rows at a time: the float temporaries (about 30 bytes a pixel) stay the size of one band, so a
+    # large picture costs its 3 bytes a pixel and little more.
     for top in range(0, h, OVERLAY_ROWS):
         band = slice(top, min(top + OVERLAY_ROWS, h))
-        colour = cmap(np.clip(m[band], 0.0, 1.0))[..., :3]
-        rgb = np.asarray(image.crop((0, band.start, w, band.stop)).convert("RGB"), dtype=np.float32) / 255.0
-        out[band] = np.round(((1.0 - alpha) * rgb + alpha * colour) * 255.0).astype(np.uint8)
+        index = np.minimum((np.clip(m[band], 0.0, 1.0) * cmap.N).astype(np.intp), cmap.N - 1)
+        rgb = np.asarray(image.crop((0, band.start, w, band.stop)).convert("RGB"), dtype=np.float32)
+        out[band] = np.round((1.0 - alpha) * rgb + 255.0 * table[index]).astype(np.uint8)
     return Image.fromarray(out)
 
 

@@ -63,7 +63,7 @@ class Recipe:
     in_memory: bool = False
     # real photos added to the in-memory training images, shrunk as the app shrinks them (vit_core.data.photos):
     # {"folder": "photos/cats_and_dogs", "classes": {"cats": "cat", "dogs": "dog"}, "copies": 3}
-    photos: dict[str, Any] | None = None
+    photos: dict[str, Any] | list[dict[str, Any]] | None = None  # or a list of such specs, one per photo set
     # photos of other things (every class of the folder's train/), labelled "none of my classes": outlier
     # exposure (Hendrycks et al. 2019), their loss the cross-entropy to the uniform answer times ``weight``:
     # {"folder": "photos/ants_and_bees", "copies": 8, "weight": 0.5}

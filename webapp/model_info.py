@@ -114,12 +114,13 @@ def decide(
     top, p0 = names[i[0]], float(p[0])
     if is_ood:
         known = ood_score is not None and threshold is not None
-        score = f" (unusualness {ood_score:,.0f}; it answers up to {threshold:,.0f})" if known else ""
+        score = f" (score {ood_score:,.0f}; I answer up to {threshold:,.0f})" if known else ""
         return Decision(
             NONE_OF_MINE,
             f"Not one of my {len(names)} classes — most like: {top}",
-            f"It looks unlike the training photos of every class{score}. The {p0:.0%} is {top}'s share among my "
-            f"{len(names)} classes, not the chance that this is one.",
+            f"This photo looks unlike the photos I was trained on{score}. If it had to be one of my classes it "
+            f"would be {top}, but the {p0:.0%} beside it is a share among my {len(names)} classes, not the chance "
+            "that this is one.",
         )
     if p0 >= UNSURE_BELOW or len(names) == 1:
         return Decision(ANSWER, f"{top} ({p0:.0%})", "")

@@ -41,9 +41,20 @@ OUTLIER_KEYS = ("folder", "copies", "weight")
 OUTLIER = -1  # the target of a photo of none of the model's classes
 
 
-def check_photos(spec: dict[str, Any] | None) -> list[str]:
+def photo_specs(photos: dict[str, Any] | list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """A recipe's ``photos`` as a list of specs: one folder's spec, or a list of them (several photo sets)."""
+    return [] if photos is None else list(photos) if isinstance(photos, list) else [photos]
+
+
+def check_photos(photos: dict[str, Any] | list[dict[str, Any]] | None) -> list[str]:
     """Problems with a recipe's ``photos``: {"folder": path (relative: under the data root), "classes":
-    {folder class: model class}, "copies": n >= 1}."""
+    {folder class: model class}, "copies": n >= 1}, or a list of such specs (one per photo set)."""
+    if isinstance(photos, list):
+        return [p for spec in photos for p in check_photos(spec)] if photos else ["photos: an empty list"]
+    return _spec_problems_of_one(photos)
+
+
+def _spec_problems_of_one(spec: dict[str, Any] | None) -> list[str]:
     problems = _spec_problems("photos", spec, PHOTO_KEYS)
     if spec is None or set(spec) != set(PHOTO_KEYS):
         return problems
@@ -169,18 +180,18 @@ def _shrunk_copies(
 
 def with_photos(
     train_set: InMemoryImageDataset,
-    photos: dict[str, Any] | None,
+    photos: dict[str, Any] | list[dict[str, Any]] | None,
     outliers: dict[str, Any] | None,
     cfg: dict[str, Any],
     seed: int,
     progress: bool = True,
 ) -> InMemoryImageDataset:
-    """``train_set`` (in memory), the photos of ``photos`` and those of ``outliers`` (either may be None), one
-    dataset with ``train_set``'s transform."""
+    """``train_set`` (in memory), the photos of ``photos`` (one spec or a list) and those of ``outliers`` (either
+    may be None), one dataset with ``train_set``'s transform."""
     if not isinstance(train_set, InMemoryImageDataset):
         raise ImageDataError("photos are added to an in-memory training set (mnist, fashion-mnist, cifar10)")
     names = list(train_set.classes)
-    extra = [photo_images(photos, names, cfg, seed, progress)] if photos is not None else []
+    extra = [photo_images(spec, names, cfg, seed + i, progress) for i, spec in enumerate(photo_specs(photos))]
     extra += [outlier_images(outliers, names, cfg, seed, progress)] if outliers is not None else []
     return InMemoryImageDataset(
         torch.cat([train_set.images, *(e.images for e in extra)]),
