@@ -304,3 +304,22 @@ def test_behind_a_proxy_the_queue_is_shared_by_address_not_by_session(monkeypatc
     line.queue.append(newcomer)
     ClientLimits()._place(queue, "e99")
     assert line.queue.index(newcomer) == 32
+
+
+def test_addresses_are_grouped_by_ipv4_address_and_ipv6_64():
+    """An IPv6 client holds a whole /64 (2^64 addresses to rotate through): its requests count as one client's,
+    compared by network, not by string; IPv4 addresses stay one client each, an IPv4-mapped IPv6 address is its
+    IPv4 address, and a value that is no address is kept (bounded) rather than trusted to mean anything."""
+    from types import SimpleNamespace as NS
+
+    from webapp.queueing import address_group, client_ip
+
+    one_64 = {address_group(f"2001:db8:aa:bb:{i:x}::{i:x}") for i in range(200)}
+    assert one_64 == {"2001:db8:aa:bb::/64"}
+    assert address_group("2001:db8:aa:bc::1") != address_group("2001:db8:aa:bb::1")
+    assert address_group("[2001:DB8:aa:bb::1]") == "2001:db8:aa:bb::/64"  # bracketed, upper case: the same client
+    assert address_group("203.0.113.7") == "203.0.113.7" != address_group("203.0.113.8")
+    assert address_group("::ffff:203.0.113.7") == "203.0.113.7"
+    assert address_group("x" * 500) == "x" * 64
+    request = NS(headers={"x-forwarded-for": "1.2.3.4, 2001:db8:aa:bb:1:2:3:4"}, client=NS(host="10.0.0.1"))
+    assert client_ip(request) == "10.0.0.1"  # no proxy trusted here: the header is ignored

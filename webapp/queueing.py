@@ -14,6 +14,7 @@ refused from its headers, before a byte of it is read.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import tempfile
@@ -40,15 +41,33 @@ def proxy_hops() -> int:
 
 
 def client_ip(request: Any) -> str:
-    """The address a request came from. Behind proxies (a Space: Hugging Face's, whose own address every request
-    shares) it is the address the outermost trusted proxy appended to ``X-Forwarded-For``: the ``proxy_hops()``-th
-    from the right. Entries left of it are whatever the client sent, so the left-most is never trusted."""
+    """The client a request came from, as an address group (``address_group``). Behind proxies (a Space: Hugging
+    Face's, whose own address every request shares) it is the address the outermost trusted proxy appended to
+    ``X-Forwarded-For``: the ``proxy_hops()``-th from the right. Entries left of it are whatever the client sent,
+    so the left-most is never trusted."""
     hops = proxy_hops()
     forwarded = request.headers.get("x-forwarded-for", "") if hops else ""
     hops_seen = [h.strip() for h in forwarded.split(",") if h.strip()]
     if hops and len(hops_seen) >= hops:
-        return hops_seen[-hops]
-    return request.client.host if request.client is not None else "unknown"
+        return address_group(hops_seen[-hops])
+    return address_group(request.client.host) if request.client is not None else "unknown"
+
+
+IPV6_PREFIX = 64  # one IPv6 client: a /64 is what one home or one server is given, so it costs nothing to rotate
+
+
+def address_group(address: str) -> str:
+    """The client an address stands for: an IPv4 address itself (a /32), an IPv6 address's /64 network (one
+    machine can use any of its 2^64 addresses), anything else as sent, cut to 64 characters (a host name)."""
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return address[:64]
+    if ip.version == 4:
+        return str(ip)
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.ip_network(f"{ip}/{IPV6_PREFIX}", strict=False))
 
 
 class ClientLimits:
