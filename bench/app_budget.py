@@ -2,7 +2,7 @@
 
     python -m bench.app_budget [--model PATH_OR_REPO] [--device cpu|cuda] [--repeats 20]
 
-Each copy of ``examples/cat_chelsea.jpg`` (451x300, one pixel changed so that nothing is cached) goes through
+Each copy of ``examples/cat_chelsea.jpg`` (451x300, a JPEG with its corner changed so that nothing is cached) goes through
 the same functions ``webapp.tabs.classify.answer`` calls, in its order, each step timed on its own (the device
 synchronised after each): reading the upload (bytes, SHA-256, header), decoding, preprocessing (resize, crop,
 normalise), the model's views (``calibration.predict``: the views the model was calibrated for, with their
@@ -38,14 +38,14 @@ NON_MODEL = ("read", "decode", "preprocess", "overlay", "encode")
 
 
 def copies(folder: Path, n: int, start: int = 0) -> list[str]:
-    """``n`` PNG copies of the photo, each with its first pixel changed (copies ``start`` to ``start + n - 1``):
-    files the app has not seen."""
+    """``n`` JPEG copies of the photo (quality 95, as a camera or phone saves one), each with its top-left 8x8
+    block changed (copies ``start`` to ``start + n - 1``): files the app has not seen."""
     photo = Image.open(PHOTO).convert("RGB")
     paths = []
     for i in range(start, start + n):
-        photo.putpixel((0, 0), (i % 256, i // 256, 0))
-        paths.append(folder / f"cat_{i}.png")
-        photo.save(paths[-1])
+        photo.paste((i % 256, i // 256 % 256, 0), (0, 0, 8, 8))
+        paths.append(folder / f"cat_{i}.jpg")
+        photo.save(paths[-1], quality=95)
     return [str(p) for p in paths]
 
 
