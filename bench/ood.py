@@ -19,12 +19,12 @@ Protocols (inside = images of the model's classes, outside = images of none of t
 Every image goes through the model's own preprocessing and, as the app, the views the model was calibrated
 for (``vit_core.calibration.calibrated_views``: the image and its mirror, ``flip``, unless ``train calibrate
 --tta`` said otherwise): the probabilities are their calibrated mean, a score is computed from all the views'
-outputs (``vit_core.ood``). Printed:
+outputs (``vit_core.calibration.ood``). Printed:
 
 1. ECE (15 bins) on the test images, single view and the model's views, with the plain softmax and with the stored
    temperature (fitted by ``train calibrate`` on held-out training images, never on these). The bundled model
    stores none (it was trained on its held-out images): its rows show the temperature fitted on them anyway.
-2. Per protocol and score (``vit_core.ood``: msp, energy, knn, mahalanobis): AUROC (outside scoring higher)
+2. Per protocol and score (``vit_core.calibration.ood``: msp, energy, knn, mahalanobis): AUROC (outside scoring higher)
    and FPR at 95% TPR (the share of outside images taken for inside when 95% of inside images are kept).
    ``msp`` is the reference: the confidence the app showed before.
 3. At the threshold stored with the checkpoint (set on held-out training images only): the share of inside
@@ -47,7 +47,6 @@ from tqdm.auto import tqdm
 
 import vit_core
 from bench.real_photos import PHOTOS, load_photos, print_table
-from vit_core.builders import load_data
 from vit_core.calibration import (
     calibrated_views,
     expected_calibration_error,
@@ -56,10 +55,11 @@ from vit_core.calibration import (
     mixture_log_probs,
     temperature,
 )
+from vit_core.calibration.ood import SCORES, auroc, fit_statistics, fpr_at_tpr, ood_scores
 from vit_core.data import Batches, build_transform, class_subset, load_image
-from vit_core.evaluation import HELD_OUT, OOD_FIT, model_classes, ood_fit_images
-from vit_core.ood import SCORES, auroc, fit_statistics, fpr_at_tpr, ood_scores
-from vit_core.run_folder import RECIPE_NAME
+from vit_core.io.files import RECIPE_NAME
+from vit_core.training.builders import load_data
+from vit_core.training.evaluation import HELD_OUT, OOD_FIT, model_classes, ood_fit_images
 from webapp.catalog import BUNDLED, ROOT
 from webapp.model_info import UNSURE_BELOW
 
@@ -121,7 +121,7 @@ def all_scores(model, out: Outputs, statistics: dict[str, dict[str, torch.Tensor
 
 def fit_all(model, data: str, folder: str | Path | None = None) -> dict[str, dict[str, torch.Tensor]]:
     """Every score's statistics from the plain view of the images ``train calibrate`` fits its score on
-    (``vit_core.evaluation.ood_fit_images``: training images OOD_FIT and ``folder``'s recipe's ``photos``)."""
+    (``vit_core.training.evaluation.ood_fit_images``: training images OOD_FIT and ``folder``'s recipe's ``photos``)."""
     recipe = Path(folder or "", RECIPE_NAME)
     photos = json.loads(recipe.read_text()).get("photos") if folder is not None and recipe.is_file() else None
     images, _ = ood_fit_images(model, data, OOD_FIT, photos, progress=False)

@@ -20,8 +20,9 @@ from PIL import Image
 import app
 import vit_core
 from bench import explain_sanity
-from vit_core import explain, lrp, methods
+from vit_core import explain, methods
 from vit_core.data import build_transform
+from vit_core.explain import lrp
 from webapp import analysis
 from webapp.models import Models
 from webapp.options import Options

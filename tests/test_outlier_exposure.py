@@ -1,5 +1,5 @@
 """Outlier exposure (Hendrycks et al. 2019): photos of other things in training (the recipe's ``outliers``,
-``vit_core.data.photos.outlier_images``) and their loss (``vit_core.builders.OutlierExposure``)."""
+``vit_core.data.photos.outlier_images``) and their loss (``vit_core.training.builders.OutlierExposure``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from vit_core import from_pretrained
-from vit_core.builders import build_loss
 from vit_core.data import InMemoryImageDataset
 from vit_core.data.photos import OUTLIER, outlier_images, with_photos
-from vit_core.engine import train
-from vit_core.recipe import Recipe, RecipeError
+from vit_core.training.builders import build_loss
+from vit_core.training.engine import train
+from vit_core.training.recipe import Recipe, RecipeError
 
 from .test_engine import make_image_folder, one_thread, tiny_recipe  # noqa: F401  (autouse fixture)
 from .test_photos_in_training import SPEC, SQUASH, folder  # noqa: F401  (fixture)

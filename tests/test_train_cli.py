@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 import vit_core
 from train import apply_overrides, fit_warmup, list_recipes, load_recipe
 from train.__main__ import main, train_parser
-from vit_core.recipe import Recipe, RecipeError
+from vit_core.training.recipe import Recipe, RecipeError
 
 from .test_engine import TINY, make_image_folder, one_thread  # noqa: F401  (autouse fixture)
 
@@ -324,9 +324,9 @@ def test_train_eval_finetune_and_push(capsys, tmp_path, monkeypatch):
 
     # fine-tune at a higher resolution, then push (the Hub call is replaced: no network in tests)
     pushed = {}
-    import vit_core.hub
+    import vit_core.io.hub
 
-    monkeypatch.setattr(vit_core.hub, "push_to_hub", lambda src, repo, **kw: pushed.update(src=src, repo=repo, **kw))
+    monkeypatch.setattr(vit_core.io.hub, "push_to_hub", lambda src, repo, **kw: pushed.update(src=src, repo=repo, **kw))
     ft = tmp_path / "ft"
     assert (
         main(
@@ -370,7 +370,7 @@ def _epochs_done(run: Path) -> int:
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     """Kill -9 a training process after its first epoch, resume it from the command line with only --out:
     the weights at epoch 3 equal those of a run that was never interrupted."""
-    from vit_core.engine import train
+    from vit_core.training.engine import train
 
     data = make_image_folder(tmp_path / "data", n_per_class=96)
     sets = [

@@ -1,7 +1,7 @@
 """``python -m train``: train, fine-tune and evaluate ViTs from small declarative recipes.
 
 A recipe is a Python file in ``train/recipes/`` (or anywhere, given by path) defining a dict ``recipe``
-whose keys are ``vit_core.recipe.Recipe`` fields, as big_vision's configs are Python files. Keys left out
+whose keys are ``vit_core.training.recipe.Recipe`` fields, as big_vision's configs are Python files. Keys left out
 take the defaults of ``Recipe``; command-line options and ``--set key=value`` override them.
 """
 
@@ -13,7 +13,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from vit_core.recipe import Recipe, RecipeError
+from vit_core.training.recipe import Recipe, RecipeError
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 

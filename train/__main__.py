@@ -27,10 +27,12 @@ import sys
 from pathlib import Path
 
 from vit_core.calibration import MAX_TEMPERATURE, MIN_TEMPERATURE
-from vit_core.checkpoint import CheckpointError, write_calibration
+from vit_core.calibration.ood import SCORES
 from vit_core.data import ImageDataError
-from vit_core.engine import train
-from vit_core.evaluation import (
+from vit_core.io.calibration_file import write_calibration
+from vit_core.io.files import CHECKPOINT_NAME, RECIPE_NAME, CheckpointError
+from vit_core.training.engine import train
+from vit_core.training.evaluation import (
     HELD_OUT,
     OOD_FIT,
     TTA_MODES,
@@ -39,10 +41,9 @@ from vit_core.evaluation import (
     format_confusion,
     write_eval,
 )
-from vit_core.finetune import CARD_NAME, finish_run
-from vit_core.ood import SCORES
-from vit_core.recipe import Recipe, RecipeError
-from vit_core.run_folder import CHECKPOINT_NAME, RECIPE_NAME, DiskFullError
+from vit_core.training.finetune import CARD_NAME, finish_run
+from vit_core.training.recipe import Recipe, RecipeError
+from vit_core.training.run_folder import DiskFullError
 
 from . import apply_overrides, fit_warmup, list_recipes, load_recipe, override
 
@@ -233,11 +234,11 @@ def run_train(argv: list[str]) -> None:
         )
         raise DiskFullError(f"{e}; free some space, then {then}") from None
     if recipe.val_fraction is not None and int(os.environ.get("RANK", "0")) == 0:
-        # the held-out images calibrate the model, and the folder gets its model card (vit_core.finetune)
+        # the held-out images calibrate the model, and the folder gets its model card (vit_core.training.finetune)
         finish_run(Path(args.out), recipe, result, calibrate=result.stopped != "asked", progress=not args.no_progress)
         print(f"calibrated on the held-out images; wrote {Path(args.out) / CARD_NAME}")
     if args.push_to_hub and int(os.environ.get("RANK", "0")) == 0:
-        from vit_core.hub import push_to_hub
+        from vit_core.io.hub import push_to_hub
 
         url = push_to_hub(args.out, args.push_to_hub, private=args.private)
         print(f"pushed {args.out} to {url}")
