@@ -189,7 +189,7 @@ def finish_run(
 ) -> dict[str, Any]:
     """After a run with ``val_fraction``: with ``calibrate``, fit the model's temperature (image and mirror) and
     its Mahalanobis "none of my classes" detector on the held-out images (the statistics from the training
-    images, without augmentation), store them (``checkpoint.write_calibration``) and evaluate the held-out images
+    images, without augmentation), store them (``calibration_file.write_calibration``) and evaluate the held-out images
     as ``predict`` answers (``eval_held-out_flip.json``); then write the model card ``README.md``. Returns the held-out
     ``top1``, ``temperature`` and OOD ``threshold`` (empty without ``calibrate``)."""
     model, measured = result.model, {}

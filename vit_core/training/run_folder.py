@@ -48,7 +48,7 @@ _RUN_FILES = (
     rf"(?:{'|'.join(map(re.escape, (*_WRITTEN, OOD_NAME)))}|eval_[\w-]+\.json|confusion_[\w-]+\.png"
     r"|reliability_[\w-]+\.png)"
 )
-# Their temporary files: ``.<name>.tmp`` (``commit``) and ``.<name>.<random>.tmp`` (``checkpoint.atomic_write``).
+# Their temporary files: ``.<name>.tmp`` (``commit``) and ``.<name>.<random>.tmp`` (``files.atomic_write``).
 _TEMP_FILE = re.compile(rf"\.{_RUN_FILES}\.(?:.*\.)?tmp")
 
 Writer = Callable[[IO[bytes]], Any]
