@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from train import load_recipe
 from vit_core import VisionTransformer
-from vit_core.engine import cpu_has_bf16
-from vit_core.recipe import Recipe
+from vit_core.training.engine import cpu_has_bf16
+from vit_core.training.recipe import Recipe
 
 
 def main() -> None:

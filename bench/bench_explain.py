@@ -34,9 +34,9 @@ import timm
 import torch
 
 import vit_core
-from vit_core import explain, lrp
-from vit_core.config import TIMM_MODEL_ARGS
-from vit_core.explain import attention_rollout
+from vit_core import explain
+from vit_core.explain import attention_rollout, lrp
+from vit_core.models.config import TIMM_MODEL_ARGS
 from webapp.catalog import BUNDLED
 
 

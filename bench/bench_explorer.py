@@ -29,7 +29,7 @@ from gradio_client import Client, handle_file
 from PIL import Image
 
 import app
-from vit_core.methods import ROLLOUT
+from vit_core.explain.methods import ROLLOUT
 from webapp import render
 from webapp.catalog import ROOT
 from webapp.settings import PREDICTED

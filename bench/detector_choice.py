@@ -3,16 +3,17 @@
     python -m bench.detector_choice                       # the bundled model, the shared sets' train splits
     python -m bench.detector_choice --model runs/NAME --keep 0.85 0.9 0.95
 
-For each score of ``vit_core.ood`` (statistics from CIFAR-10 training images 0-9,999, as ``train calibrate``) and each
-``--keep`` (the threshold keeps that share of the held-out training images 45,000-49,999, the views the model is
-calibrated for), as the app decides (not out of distribution and a calibrated top probability of at least
-``UNSURE_BELOW``): of the photos of ``photos/cats_and_dogs/<split>`` that the model gets right, the share with a
-plain answer; the share of ``photos/ants_and_bees/<split>`` with a plain answer; the same for ``bench/real_photos``
-and ``bench/ood_photos`` (which chose earlier bundles' thresholds: for reference); and the score's AUROC on the
-shared sets. The last rows try Mahalanobis with one threshold per predicted class (each the ``--keep`` quantile of
-the held-out images predicted as that class). Only ``--split train`` (the default) is for choosing; ``val`` is for
-the final numbers (``bench.photo_answers``). Images are opened with ``load_image`` and the model's eval transform,
-as the app does for photos of this size (at most 256 px: no reduced decoding applies).
+For each score of ``vit_core.calibration.ood`` (statistics from CIFAR-10 training images 0-9,999, as
+``train calibrate``) and each ``--keep`` (the threshold keeps that share of the held-out training images
+45,000-49,999, the views the model is calibrated for), as the app decides (not out of distribution and a calibrated
+top probability of at least ``UNSURE_BELOW``): of the photos of ``photos/cats_and_dogs/<split>`` that the model
+gets right, the share with a plain answer; the share of ``photos/ants_and_bees/<split>`` with a plain answer; the
+same for ``bench/real_photos`` and ``bench/ood_photos`` (which chose earlier bundles' thresholds: for reference);
+and the score's AUROC on the shared sets. The last rows try Mahalanobis with one threshold per predicted class
+(each the ``--keep`` quantile of the held-out images predicted as that class). Only ``--split train`` (the default)
+is for choosing; ``val`` is for the final numbers (``bench.photo_answers``). Images are opened with ``load_image``
+and the model's eval transform, as the app does for photos of this size (at most 256 px: no reduced decoding
+applies).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from bench.ood import OOD_PHOTOS, Outputs, all_scores, dataset_outputs, fit_all,
 from bench.photo_answers import PLURALS
 from bench.real_photos import PHOTOS, load_photos, print_table
 from vit_core.calibration import temperature
+from vit_core.calibration.ood import SCORES, auroc, threshold_for
 from vit_core.data import build_transform, default_data_root, load_image
-from vit_core.evaluation import HELD_OUT
-from vit_core.ood import SCORES, auroc, threshold_for
+from vit_core.training.evaluation import HELD_OUT
 from webapp.catalog import BUNDLED, ROOT
 from webapp.model_info import UNSURE_BELOW
 

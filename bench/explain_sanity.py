@@ -6,11 +6,11 @@
 
 For a trained checkpoint and ``n`` test images (a fixed random subset), scores each map on three baselines:
 
-- ``mean`` and ``blur``: ``vit_core.faithfulness.deletion_insertion_auc`` (Petsiuk et al., "RISE", BMVC 2018: pixels
-  removed / revealed in order of relevance, probability of the predicted class tracked, area under the curve),
+- ``mean`` and ``blur``: ``vit_core.explain.faithfulness.deletion_insertion_auc`` (Petsiuk et al., "RISE", BMVC 2018:
+  pixels removed / revealed in order of relevance, probability of the predicted class tracked, area under the curve),
   removed pixels taking the dataset mean colour, or the image under a Gaussian blur of σ = a quarter of each
   side (``faithfulness.BLUR_SIGMA``);
-- ``road``: ``vit_core.road.road`` (Rong et al., ICML 2022): removed pixels filled by noisy linear imputation
+- ``road``: ``vit_core.explain.road.road`` (Rong et al., ICML 2022): removed pixels filled by noisy linear imputation
   from their neighbours, which hides where pixels were removed; MoRF (most relevant removed first, lower is
   better) and LeRF (least relevant first, higher is better), each the predicted class's probability averaged
   over removing 10%, 20%, ..., 90% of the pixels.
@@ -55,8 +55,9 @@ import torchvision.transforms.functional as TF
 from tqdm import tqdm
 
 import vit_core
-from vit_core import explain, faithfulness, methods, road
+from vit_core import explain, methods
 from vit_core.data import build_dataset, build_transform
+from vit_core.explain import faithfulness, road
 from webapp.catalog import BUNDLED, ROOT
 
 ANCHORS = {"random": "random map", "centre": "centre Gaussian"}  # maps that ignore the image

@@ -7,7 +7,7 @@ hybrid and a ResNet, each trained by the same engine and data pipeline (``python
 Dosovitskiy et al. (section 4.2) find that at small compute hybrids beat both pure ViTs and ResNets, and that the
 margin closes as compute grows. Here each family is one recipe: ``cifar10_vit_cpu`` (ViT, 4x4 patches),
 ``cifar10_speedrun`` (the hybrid: airbench's CNN under 2 transformer blocks) and ``cifar10_resnet18`` (timm's
-ResNet-18 made for 32 px, ``vit_core.cnn``); a budget is a number of epochs, the recipe's schedule fitted to it
+ResNet-18 made for 32 px, ``vit_core.models.cnn``); a budget is a number of epochs, the recipe's schedule fitted to it
 (its warmup keeps its share of the run), on training images 0-44,999, the whole test set evaluated after every
 epoch. A point's minutes are its training time (the sum of the epochs' ``epoch_time_s``, evaluation excluded: the
 paper's x axis is training compute), its accuracy the last epoch's top-1 on the 10,000 test images.
@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from train import load_recipe, override
-from vit_core import engine, figures
-from vit_core.checkpoint import atomic_write
-from vit_core.recipe import Recipe
+from vit_core import figures
+from vit_core.io.files import atomic_write
+from vit_core.training import engine
+from vit_core.training.recipe import Recipe
 from webapp.catalog import ROOT
 
 # family -> (recipe, epochs at each budget): about 5, 10 and 20 training minutes each on the 2-core CPU

@@ -1,4 +1,4 @@
-"""Calibration and "none of my classes", measured offline: ECE before and after, and four OOD scores on three protocols.
+"""Calibration and "none of my classes", measured offline: ECE before and after, and every OOD score on three protocols.
 
     python -m bench.ood                                   # everything (about 10 minutes on a 2-core CPU)
     python -m bench.ood --protocols photos far            # some protocols
@@ -17,15 +17,17 @@ Protocols (inside = images of the model's classes, outside = images of none of t
   people, buildings, interiors, landscapes, other animals; sources and licences in its ``SOURCES.md``).
 
 Every image goes through the model's own preprocessing and, as the app, the views the model was calibrated
-for (``vit_core.calibration.calibrated_views``: the image and its mirror, ``flip``, unless ``train calibrate
---tta`` said otherwise): the probabilities are their calibrated mean, a score is computed from all the views'
-outputs (``vit_core.ood``). Printed:
+for (``vit_core.calibration.calibrated_views``: the views ``train calibrate --tta`` fitted it for, the bundled
+model's airbench's six, ``flip-translate``; the image and its mirror, ``flip``, for a model never calibrated): the
+probabilities are their calibrated mean, a score is computed from all the views' outputs
+(``vit_core.calibration.ood``). Printed:
 
 1. ECE (15 bins) on the test images, single view and the model's views, with the plain softmax and with the stored
-   temperature (fitted by ``train calibrate`` on held-out training images, never on these). The bundled model
-   stores none (it was trained on its held-out images): its rows show the temperature fitted on them anyway.
-2. Per protocol and score (``vit_core.ood``: msp, energy, knn, mahalanobis): AUROC (outside scoring higher)
-   and FPR at 95% TPR (the share of outside images taken for inside when 95% of inside images are kept).
+   temperature (fitted by ``train calibrate`` on held-out training images, never on these; the bundled model
+   stores T = 0.550). A model that stores none shows the temperature fitted on its held-out images anyway.
+2. Per protocol and score (every entry of ``vit_core.calibration.ood.SCORES``: msp, energy, knn, mahalanobis, vim):
+   AUROC (outside scoring higher) and FPR at 95% TPR (the share of outside images taken for inside when 95% of
+   inside images are kept).
    ``msp`` is the reference: the confidence the app showed before.
 3. At the threshold stored with the checkpoint (set on held-out training images only): the share of inside
    images kept, and of outside images that get a plain answer (not out of distribution and a top probability
@@ -47,7 +49,6 @@ from tqdm.auto import tqdm
 
 import vit_core
 from bench.real_photos import PHOTOS, load_photos, print_table
-from vit_core.builders import load_data
 from vit_core.calibration import (
     calibrated_views,
     expected_calibration_error,
@@ -56,10 +57,11 @@ from vit_core.calibration import (
     mixture_log_probs,
     temperature,
 )
+from vit_core.calibration.ood import SCORES, auroc, fit_statistics, fpr_at_tpr, ood_scores
 from vit_core.data import Batches, build_transform, class_subset, load_image
-from vit_core.evaluation import HELD_OUT, OOD_FIT, model_classes, ood_fit_images
-from vit_core.ood import SCORES, auroc, fit_statistics, fpr_at_tpr, ood_scores
-from vit_core.run_folder import RECIPE_NAME
+from vit_core.io.files import RECIPE_NAME
+from vit_core.training.builders import load_data
+from vit_core.training.evaluation import HELD_OUT, OOD_FIT, model_classes, ood_fit_images
 from webapp.catalog import BUNDLED, ROOT
 from webapp.model_info import UNSURE_BELOW
 
@@ -121,7 +123,7 @@ def all_scores(model, out: Outputs, statistics: dict[str, dict[str, torch.Tensor
 
 def fit_all(model, data: str, folder: str | Path | None = None) -> dict[str, dict[str, torch.Tensor]]:
     """Every score's statistics from the plain view of the images ``train calibrate`` fits its score on
-    (``vit_core.evaluation.ood_fit_images``: training images OOD_FIT and ``folder``'s recipe's ``photos``)."""
+    (``vit_core.training.evaluation.ood_fit_images``: training images OOD_FIT and ``folder``'s recipe's ``photos``)."""
     recipe = Path(folder or "", RECIPE_NAME)
     photos = json.loads(recipe.read_text()).get("photos") if folder is not None and recipe.is_file() else None
     images, _ = ood_fit_images(model, data, OOD_FIT, photos, progress=False)

@@ -35,8 +35,8 @@ from tqdm.auto import tqdm
 from bench import photo_split
 from bench.ood import OOD_PHOTOS
 from bench.real_photos import PHOTOS, load_photos, print_table
+from vit_core.calibration.ood import auroc
 from vit_core.data import default_data_root
-from vit_core.ood import auroc
 from webapp.analysis import analyse
 from webapp.catalog import BUNDLED, ROOT
 from webapp.model_info import analysis_decision

@@ -154,7 +154,7 @@ def test_the_estimate_follows_the_image_the_model_and_the_tab():
     gpu = estimating(model, tf, torch.device("cuda"))  # the model's memory is the GPU's
     assert classify.estimate(gpu, {"model_choice": "bundled", "method": methods.RISE.title}) == estimates.REQUEST_BYTES
     b16 = vit_core.get_config("vit_base_patch16_224")
-    assert estimates.forward_bytes(b16, 1) == vit_core.cost.activation_bytes(b16)
+    assert estimates.forward_bytes(b16, 1) == vit_core.models.cost.activation_bytes(b16)
     # a batch: its decoding bounded by batch.MAX_DECODE_BYTES whatever it holds, the gallery, and one chunk:
     # gradient rollout runs 4 images per backward pass, rollout 16 per forward pass
     gallery = archives.MAX_IMAGES * 4 * batch.THUMB * batch.THUMB

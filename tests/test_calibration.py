@@ -15,18 +15,18 @@ from PIL import Image
 
 import vit_core
 from train.__main__ import main
-from vit_core import ood
 from vit_core.calibration import (
     Calibration,
     expected_calibration_error,
     fit_temperature,
     mixture_log_probs,
+    ood,
     predict,
 )
-from vit_core.checkpoint import OOD_NAME, write_calibration
+from vit_core.calibration.ood import OODDetector, auroc, fit_statistics, fpr_at_tpr, ood_scores, threshold_for
 from vit_core.data import InMemoryImageDataset, build_dataset, build_transform, class_subset, fixed_subset
-from vit_core.model_card import render_model_card
-from vit_core.ood import OODDetector, auroc, fit_statistics, fpr_at_tpr, ood_scores, threshold_for
+from vit_core.io.calibration_file import OOD_NAME, write_calibration
+from vit_core.io.model_card import render_model_card
 from webapp.model_info import UNSURE_BELOW, facts, verdict
 
 from .test_engine import make_image_folder, one_thread  # noqa: F401  (autouse fixture)

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 
 import vit_core
 from vit_core import CheckpointError, ViTConfig
-from vit_core.checkpoint import MAX_PARAMS_ENV, SizeLimits, config_to_dict
+from vit_core.io.checkpoint import MAX_PARAMS_ENV, SizeLimits, config_to_dict
 
 from .rss import peak_above, reset_peak, rss_mb
 
@@ -178,14 +178,14 @@ def test_vit_huge_at_2044_px_is_refused_for_its_activations(tmp_path):
     # ViT-H/14 at 224 and the R50 hybrids at 384 are within the defaults
     limits = SizeLimits.resolve()
     for name in ("vit_huge_patch14_224", "vit_base_r50_s16_384", "vit_large_r50_s32_384"):
-        vit_core.checkpoint.check_size(vit_core.get_config(name), limits)
+        vit_core.io.checkpoint.check_size(vit_core.get_config(name), limits)
 
 
 def test_header_declaring_more_data_than_the_file_holds(tmp_path):
     # A safetensors header for a whole ViT-B (346 MB of float32) in front of 1 KB of data.
     cfg = vit_core.get_config("vit_base_patch16_224")
     header, offset = {}, 0
-    for name, shape in vit_core.cost.state_shapes(cfg).items():
+    for name, shape in vit_core.models.cost.state_shapes(cfg).items():
         n = 4 * int(np.prod(shape))
         header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + n]}
         offset += n
@@ -286,7 +286,7 @@ def test_npz_declaring_a_huge_width_with_tiny_arrays(tmp_path):
 def test_refused_checkpoints_are_never_read(tmp_path, tiny_dir, monkeypatch):
     """The readers of tensors are not called for a refused checkpoint: the refusal comes from headers."""
     calls = []
-    for module, name in ((vit_core.hub, "read_weights"), (vit_core.convert, "read_npz")):
+    for module, name in ((vit_core.io.hub, "read_weights"), (vit_core.io.convert, "read_npz")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda path, _o=original, _n=name: calls.append(_n) or _o(path))
     with pytest.raises(CheckpointError, match="does not fit"):

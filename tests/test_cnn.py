@@ -1,4 +1,4 @@
-"""CNN baselines (``vit_core.cnn``) trained by the engine, and the small-scale figure 5 built from such runs
+"""CNN baselines (``vit_core.models.cnn``) trained by the engine, and the small-scale figure 5 built from such runs
 (``bench.figure5``)."""
 
 import json
@@ -12,11 +12,11 @@ from PIL import Image
 from bench import figure5
 from tests.test_engine import make_image_folder, one_thread  # noqa: F401 (an autouse fixture: one thread here too)
 from train import load_recipe
-from vit_core import engine
-from vit_core.builders import build_network
-from vit_core.cnn import create_cnn
-from vit_core.recipe import Recipe, RecipeError
-from vit_core.run_folder import CHECKPOINT_NAME, CONFIG_NAME, METRICS_NAME, WEIGHTS_NAME
+from vit_core.io.files import CHECKPOINT_NAME, CONFIG_NAME, METRICS_NAME, WEIGHTS_NAME
+from vit_core.models.cnn import create_cnn
+from vit_core.training import engine
+from vit_core.training.builders import build_network
+from vit_core.training.recipe import Recipe, RecipeError
 
 
 def _stage_sizes(net: torch.nn.Module, size: int) -> list[tuple[int, int, int]]:

@@ -7,7 +7,7 @@ import torch
 
 import vit_core
 from vit_core import ViTConfig
-from vit_core.variants import size_name
+from vit_core.models.variants import size_name
 
 # Published sizes (timm's model cards; the paper's table 1 rounds them to 86M / 307M / 632M).
 PUBLISHED_PARAMS = {
@@ -155,8 +155,8 @@ def test_size_names_are_the_papers():
 
 
 def test_every_stem_activation_the_config_accepts_is_built():
-    from vit_core.config import STEM_ACTS
-    from vit_core.hybrid import ACTIVATIONS
+    from vit_core.models.config import STEM_ACTS
+    from vit_core.models.hybrid import ACTIVATIONS
 
     assert set(ACTIVATIONS) == set(STEM_ACTS)
     for act in STEM_ACTS:

@@ -1,5 +1,5 @@
 """Learning without forgetting: a fine-tune held to its starting model's answers (the recipe's ``distill``,
-``vit_core.distillation``)."""
+``vit_core.training.distillation``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from vit_core import from_pretrained
-from vit_core.builders import build_loss
 from vit_core.data import build_transform
 from vit_core.data.photos import OUTLIER
-from vit_core.engine import train
-from vit_core.recipe import Recipe, RecipeError
+from vit_core.training.builders import build_loss
+from vit_core.training.engine import train
+from vit_core.training.recipe import Recipe, RecipeError
 
 from .test_engine import make_image_folder, one_thread, tiny_recipe  # noqa: F401  (autouse fixture)
 

@@ -21,12 +21,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import vit_core
-from vit_core.builders import build_optimizer, build_scheduler, load_init
 from vit_core.data import build_transform, default_data_root
-from vit_core.distributed import setup_processes
-from vit_core.engine import Recipe, RecipeError, evaluate_checkpoint, train
-from vit_core.evaluation import evaluate, tta_views, write_eval
-from vit_core.run_folder import stale_files
+from vit_core.training.builders import build_optimizer, build_scheduler, load_init
+from vit_core.training.distributed import setup_processes
+from vit_core.training.engine import Recipe, RecipeError, evaluate_checkpoint, train
+from vit_core.training.evaluation import evaluate, tta_views, write_eval
+from vit_core.training.run_folder import stale_files
 
 from .net import free_port
 
@@ -197,7 +197,7 @@ def test_stem_optimizer_trains_the_cnn_as_airbench():
 
 
 def test_bn_momentum_reaches_every_batchnorm():
-    from vit_core.builders import build_network
+    from vit_core.training.builders import build_network
 
     args = dict(model_args=dict(TINY, patch_size=1, **dict(_STEM, stem_whiten=None)))
     for momentum, want in ((None, 0.1), (0.4, 0.4)):
@@ -212,7 +212,7 @@ def test_dirac_init_passes_each_convolutions_input_through():
     """stem_init 'dirac' (airbench): each convolution of the conv stem copies its input to its first output
     channels (checked by convolving random maps, with as many, more and fewer filters than inputs); its other
     filters keep PyTorch's initialisation, drawn as without it. Refused without a conv stem and for fine-tuning."""
-    from vit_core.builders import build_network
+    from vit_core.training.builders import build_network
 
     stem = dict(stem_channels=(8, 16, 16, 4), stem_strides=(1, 1, 1, 1), stem_pools=(2, 1, 1, 1))
     args = dict(model_args=dict(TINY, patch_size=1, **stem), seed=5)
@@ -237,7 +237,7 @@ def test_dirac_init_passes_each_convolutions_input_through():
 def test_lookahead_follows_airbench_formula():
     """Every 5 steps slow += (1 - d)(fast - slow) with d = 0.95^5 (step / total)^3 and fast = slow; after the
     last step the model is the slow copy: against the formula applied by hand to a scalar sequence."""
-    from vit_core.builders import Lookahead
+    from vit_core.training.builders import Lookahead
 
     net = torch.nn.Linear(1, 1, bias=False)
     total = 12
@@ -764,10 +764,10 @@ def test_finetune_at_higher_resolution(tmp_path):
 
 def test_timm_init_names_resolve_to_the_hub(monkeypatch):
     """timm:<name> loads timm's default pretrained weights for <name> from the Hub (mocked: no network)."""
-    import vit_core.hub
+    import vit_core.io.hub
 
     seen = {}
-    monkeypatch.setattr(vit_core.hub, "from_pretrained", lambda spec, **kw: seen.setdefault("spec", (spec, kw)))
+    monkeypatch.setattr(vit_core.io.hub, "from_pretrained", lambda spec, **kw: seen.setdefault("spec", (spec, kw)))
     load_init("timm:vit_tiny_patch16_224", img_size=32)
     assert seen["spec"] == ("timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k", {"img_size": 32})
     with pytest.raises(vit_core.CheckpointError, match="timm has no Hub weights for 'vit_nonexistent'"):

@@ -22,10 +22,11 @@ from PIL import Image
 from torch import nn
 
 import vit_core
-from vit_core import explain, faithfulness, figures, inspection
-from vit_core.config import TIMM_MODEL_ARGS
+from vit_core import explain, figures
 from vit_core.data import build_dataset, build_transform, default_data_root
-from vit_core.model import VisionTransformer, resample_pos_embed
+from vit_core.explain import faithfulness, inspection
+from vit_core.models.config import TIMM_MODEL_ARGS
+from vit_core.models.model import VisionTransformer, resample_pos_embed
 from webapp.catalog import BUNDLED as BUNDLE
 
 # ---------------------------------------------------------------------------------- fixtures

@@ -35,10 +35,10 @@ from tests.net import free_port
 from vit_core import CheckpointError
 from vit_core.__main__ import main as cli
 from vit_core.calibration import Calibration, predict
-from vit_core.checkpoint import OOD_NAME
-from vit_core.hub import HubError, push_to_hub
-from vit_core.model_card import final_metrics, prepare_upload, read_metrics, render_model_card
-from vit_core.ood import OODDetector, fit_statistics
+from vit_core.calibration.ood import OODDetector, fit_statistics
+from vit_core.io.calibration_file import OOD_NAME
+from vit_core.io.hub import HubError, push_to_hub
+from vit_core.io.model_card import final_metrics, prepare_upload, read_metrics, render_model_card
 
 TOKEN = "hf_aliceWriteToken0123456789abcdef"  # alice's
 BOB_TOKEN = "hf_bobReadToken0123456789abcdef"
@@ -326,7 +326,7 @@ def test_load_errors_name_the_problem(hub, tmp_path):
 
 
 def test_oversized_repos_are_refused_before_their_weights_are_downloaded(hub):
-    huge = vit_core.checkpoint.config_to_dict(_model().config)
+    huge = vit_core.io.checkpoint.config_to_dict(_model().config)
     huge["model_args"] |= {"embed_dim": 16384, "depth": 64, "num_heads": 16}
     hub.add_repo("mallory/huge", {"config.json": json.dumps(huge).encode(), "model.safetensors": b"x" * 1024})
     with pytest.raises(CheckpointError, match="parameters, more than the limit"):

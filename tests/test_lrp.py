@@ -1,4 +1,4 @@
-"""vit_core.lrp against independent references.
+"""vit_core.explain.lrp against independent references.
 
 References: AttnLRP as explicit relevance messages (``R_i = Σ_j z_ij / z_j R_j`` and the paper's softmax and
 uniform rules written out, float64 numpy, no autograd) on a one-block ViT; Chefer et al.'s transformer
@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import vit_core
-from vit_core import explain, faithfulness, lrp, lrp_rules
+from vit_core import explain
 from vit_core.data import build_dataset, build_transform, default_data_root, load_image
+from vit_core.explain import faithfulness, lrp, lrp_rules
 from webapp.catalog import BUNDLED as BUNDLE
 
 KINDS = {
@@ -620,7 +621,7 @@ def test_attnlrp_beats_the_centre_gaussian_on_the_bundled_model():
     against 0.323, LeRF 0.732 against 0.662). Its lead on mean-fill deletion is small (0.006 ± 0.004 over 1,000
     images: ``test_attnlrp_leads_the_centre_gaussian_on_1000_images``), within what 40 images resolve, so here the
     map is only held to not trail the centre there (0.207 against 0.218; a random map trails by 0.09)."""
-    from vit_core import road
+    from vit_core.explain import road
 
     model = vit_core.from_pretrained(BUNDLE).eval()
     test = build_dataset("cifar10", "test", transform=build_transform(model.pretrained_cfg))

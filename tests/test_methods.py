@@ -7,6 +7,7 @@ and backward pass) is reachable from all of them with no other change."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import re
 from pathlib import Path
@@ -20,8 +21,9 @@ from PIL import Image
 import app
 import vit_core
 from bench import explain_sanity
-from vit_core import explain, lrp, methods
+from vit_core import explain, methods
 from vit_core.data import build_transform
+from vit_core.explain import lrp
 from webapp import analysis
 from webapp.models import Models
 from webapp.options import Options
@@ -55,6 +57,19 @@ NEW = methods.Method(
     cost=methods.Cost(backward=1),
     description="each patch's mean brightness (a test's method)",
 )
+
+# The one list of the methods written out here, independent of the table: each key's library function and the
+# paper its description must name. The tests derive every other list from ``methods.METHODS`` and check it
+# against this one.
+REFERENCE = {
+    "rise": (explain.rise, "Petsiuk et al. 2018"),
+    "attnlrp": (lrp.attnlrp, "Achtibat et al. 2024"),
+    "rollout": (explain.attention_rollout, "Abnar & Zuidema 2020"),
+    "gradient": (explain.gradient_rollout, "Chefer et al., ICCV 2021"),
+    "chefer": (lrp.chefer, "Chefer et al., CVPR 2021"),
+    "attention": (explain.attention_maps, "one layer's attention from the class token"),
+    "brightness": (brightness, NEW.description),
+}
 
 
 @pytest.fixture
@@ -95,15 +110,7 @@ def test_every_method_and_setting_is_explained_where_it_is_chosen(ctx):
     published method naming its paper; the settings explained on their controls; Inspect's figures in words."""
     blocks = app.build_ui(ctx).blocks.values()
     shown = {b.elem_id: b.value for b in blocks if isinstance(b, gr.Markdown) and b.elem_id}
-    papers = {
-        "RISE": "Petsiuk et al. 2018",
-        "AttnLRP": "Achtibat et al. 2024",
-        "Attention rollout": "Abnar & Zuidema 2020",
-        "Gradient rollout": "Chefer et al., ICCV 2021",
-        "Chefer et al.": "Chefer et al., CVPR 2021",
-        "Raw attention": "one layer's attention from the class token",
-    }
-    assert {m.name for m in methods.METHODS} == {*papers, NEW.name}
+    assert {m.key for m in methods.METHODS} == set(REFERENCE)
     for legend, offered in (
         ("method-legend", methods.METHODS),
         ("compare-legend", methods.METHODS),
@@ -111,7 +118,7 @@ def test_every_method_and_setting_is_explained_where_it_is_chosen(ctx):
     ):
         lines = shown[legend].splitlines()
         assert lines == [f"- **{m.name}**: {m.description}" for m in offered], legend
-        assert all(papers.get(m.name, NEW.description) in line for m, line in zip(offered, lines, strict=True))
+        assert all(REFERENCE[m.key][1] in line for m, line in zip(offered, lines, strict=True))
     info = {b.label: b.info for b in blocks if getattr(b, "info", None)}
     assert info["Head fusion (rollout)"] == methods.OPTIONS["head_fusion"]
     assert "mean, max or min" in info["Head fusion (rollout)"]
@@ -128,16 +135,23 @@ def test_every_method_and_setting_is_explained_where_it_is_chosen(ctx):
 
 
 def test_classify_draws_each_methods_own_map(ctx, photo):
+    """Each method's map as the tab computes it for the settings a request sends (none of them the defaults) equals
+    the library function of ``REFERENCE`` called here with those settings written out: a method wired to another
+    function, or a setting that does not reach the function, shows."""
     choice = ctx.models.default
     a = ctx.analysis(photo, choice)
+    request = {"layer": 0, "head": "1", "head_fusion": "max", "discard_ratio": 0.5}
+    written_out = {"layer": 0, "head": 1, "head_fusion": "max", "discard_ratio": 0.5}
     for m in methods.METHODS:
         target = "cat" if m.per_class else "(predicted class)"
-        labels, overlay, _, _, explains, _ = classify.classify(ctx, photo, choice, m.title, target)
+        labels, overlay, _, _, explains, _ = classify.classify(ctx, photo, choice, m.title, target, **request)
         assert set(labels) <= set(NAMES) and overlay.width == 300  # the 60x40 photo, shown 5 times larger
         assert explains.startswith("Map explains: cat (") if m.per_class else "the prediction" in explains
-        s = parse_settings(a.model, m.title, target)
-        want = m.fn(a.model, a.x, **s.options(), **({"target": 3} if m.per_class else {}))[0]
-        torch.testing.assert_close(analysis.relevance(a, s, CPU), want)
+        s = parse_settings(a.model, m.title, target, *request.values())
+        fn = REFERENCE[m.key][0]
+        options = {k: v for k, v in written_out.items() if k in inspect.signature(fn).parameters}
+        want = fn(a.model, a.x, **options, **({"target": 3} if m.per_class else {}))[0]
+        torch.testing.assert_close(analysis.relevance(a, s, CPU), want, msg=m.key)
 
 
 def test_the_compute_time_says_what_it_covered(ctx, photo):
@@ -180,19 +194,10 @@ def test_the_benchmark_scores_every_method_by_its_key(ctx, photo):
     model, _ = ctx.models.get(ctx.models.default)
     x = build_transform(model.pretrained_cfg)(Image.open(photo))[None].repeat(3, 1, 1, 1)
     x = x + 0.1 * torch.randn(x.shape, generator=torch.Generator().manual_seed(0))  # three different images
-    reference = {
-        "rise": explain.rise,
-        "attnlrp": lrp.attnlrp,
-        "rollout": explain.attention_rollout,
-        "gradient": explain.gradient_rollout,
-        "chefer": lrp.chefer,
-        "attention": explain.attention_maps,
-        "brightness": brightness,
-    }
     keys = [m.key for m in methods.METHODS]
-    assert keys == list(reference) and list(explain_sanity.names())[: len(keys)] == keys
+    assert set(keys) == set(REFERENCE) and list(explain_sanity.names())[: len(keys)] == keys
     maps = {key: explain_sanity.parse_method(key, 0)(model, x) for key in keys}
-    for key, fn in reference.items():
+    for key, (fn, _) in REFERENCE.items():
         torch.testing.assert_close(maps[key], fn(model, x), msg=key)
     grid = explain.token_grid(model, x)
     pooled = {k: F.adaptive_avg_pool2d(m, grid) / m.amax() for k, m in maps.items()}  # RISE's are per pixel
@@ -215,19 +220,20 @@ def test_a_methods_cost_decides_where_it_runs(ctx, monkeypatch):
     block = 2 * tokens * width * (3 * width + width + 2 * 4 * width) + 2 * (2 * tokens * tokens * width)
     forward = 2 * 16 * width * 8 * 8 * 3 + 2 * block + 2 * width * 5
     rise = explain.RISE_MASKS * forward  # 500 forward passes: 553 MFLOP
+    many = [m for m in methods.METHODS if m.cost.forward > 0]  # the methods that run the model again and again
+    assert many == [methods.RISE] and NEW not in many
     for budget, rise_runs in ((1.0, False), (0.999 * rise, False), (rise, True)):
         monkeypatch.setitem(settings.MAP_BUDGET, "cpu", budget)
         runs = [m for m in methods.METHODS if settings.affordable(m, model, CPU)]
-        others = [methods.ATTNLRP, methods.ROLLOUT, methods.GRADIENT, methods.CHEFER, methods.RAW, NEW]
-        assert runs == ([methods.RISE] if rise_runs else []) + others, budget
+        assert runs == [m for m in methods.METHODS if m not in many or rise_runs], budget
     monkeypatch.setitem(settings.MAP_BUDGET, "cpu", 1.0)
     assert settings.affordable(settings.DEFAULT_METHOD, model, CPU)  # the default runs whatever the budget
     message = settings.refusal(methods.RISE, model, CPU)
     assert message.startswith(f"RISE needs 500 forward passes of this model ({rise / 1e9:,.0f} GFLOP)")
-    assert message.endswith(
-        "choose AttnLRP, Attention rollout, Gradient rollout, Chefer et al. (LRP x gradient), Raw attention or "
-        "Brightness (test)"
-    )  # the default first
+    offered = [settings.DEFAULT_METHOD.title] + [
+        m.title for m in methods.METHODS if m not in many and m is not settings.DEFAULT_METHOD
+    ]  # the default first, then the table's order
+    assert message.endswith(f"choose {', '.join(offered[:-1])} or {offered[-1]}")
     # a method's cost, not its name: the new method with two extra forward passes is held to the budget
     two = dataclasses.replace(NEW, cost=methods.Cost(forward=2))
     assert not settings.affordable(two, model, CPU)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import vit_core
-from vit_core.cost import state_shapes
+from vit_core.models.cost import state_shapes
 
 
 def _pair(name: str, seed: int = 0, timm_kwargs: dict | None = None, **kwargs):
@@ -328,10 +328,10 @@ def test_forward_flops_against_the_hand_count(class_token, pool):
     N, C, P, D, M, K, L = 4 * 6, 3, 8, 24, 48, 7, 3
     T = N + class_token
     want = 2 * N * D * C * P * P + L * (2 * T * (3 * D * D + D * D + 2 * D * M) + 2 * 2 * T * T * D) + 2 * D * K
-    assert vit_core.cost.forward_flops(cfg) == want
+    assert vit_core.models.cost.forward_flops(cfg) == want
 
 
 def test_forward_flops_of_vit_b16_is_the_published_17_6_gmacs():
     """timm's model table lists vit_base_patch16_224 at 17.6 GMACs (35.1 GFLOPs)."""
-    flops = vit_core.cost.forward_flops(vit_core.get_config("vit_base_patch16_224"))
+    flops = vit_core.models.cost.forward_flops(vit_core.get_config("vit_base_patch16_224"))
     assert flops / 2 / 1e9 == pytest.approx(17.6, abs=0.05)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vit_core
-from vit_core.mpp import KEEP, MASK, RANDOM, MaskedPatchPrediction, corrupt_patches, patch_colour_targets
+from vit_core.training.mpp import KEEP, MASK, RANDOM, MaskedPatchPrediction, corrupt_patches, patch_colour_targets
 
 from .test_engine import make_image_folder, one_thread  # noqa: F401  (autouse fixture)
 
@@ -126,7 +126,7 @@ def test_hybrid_models_are_refused():
 def test_pretrain_then_finetune_through_the_engine(tmp_path):
     """task='mpp' trains the wrapper, saves the bare ViT (no head) as a normal checkpoint, and a classify
     run with init= fine-tunes it with a new zero-initialised head."""
-    from vit_core.engine import train
+    from vit_core.training.engine import train
 
     model_args = dict(TINY, img_size=8, crop_pct=1.0)
     del model_args["num_classes"]

@@ -9,13 +9,13 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from vit_core import VisionTransformer
-from vit_core.builders import build_loss, build_network
-from vit_core.config import ViTConfig
 from vit_core.data import InMemoryImageDataset, build_transform
 from vit_core.data.images import ImageDataError
 from vit_core.data.photos import photo_images, with_photos
-from vit_core.engine import train
-from vit_core.recipe import Recipe, RecipeError
+from vit_core.models.config import ViTConfig
+from vit_core.training.builders import build_loss, build_network
+from vit_core.training.engine import train
+from vit_core.training.recipe import Recipe, RecipeError
 
 from .test_engine import TINY, make_image_folder, one_thread, tiny_recipe  # noqa: F401  (autouse fixture)
 
@@ -152,9 +152,10 @@ def test_the_recipes_photos_join_the_ood_statistics(tmp_path, folder, monkeypatc
     Mahalanobis class means and shared covariance are those of the fit images' features together with each
     training photo's as the app shrinks it (brute force here), so real photos of a class the model trained on
     are not "unlike" it; without photos, the fit images' alone."""
-    from vit_core import evaluation, from_pretrained, save_pretrained
+    from vit_core import from_pretrained, save_pretrained
+    from vit_core.calibration.ood import fit_statistics
     from vit_core.data import fixed_subset
-    from vit_core.ood import fit_statistics
+    from vit_core.training import evaluation
 
     names = ["airplane", "cat", "dog"]
     cfg = ViTConfig(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3, label_names=names)

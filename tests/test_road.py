@@ -1,4 +1,4 @@
-"""vit_core.road against plainly written references: the imputation against a dense solve of the linear
+"""vit_core.explain.road against plainly written references: the imputation against a dense solve of the linear
 system built entry by entry as the authors' ``NoisyLinearImputer.setup_sparse_system`` builds it, and the
 scores against a loop over images and removal fractions."""
 
@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import vit_core
-from vit_core import explain, road
+from vit_core import explain
+from vit_core.explain import road
 
 # the authors' ``neighbors_weights``: (row offset, column offset), weight
 NEIGHBOURS = [((1, 1), 1 / 12), ((0, 1), 1 / 6), ((-1, 1), 1 / 12), ((1, -1), 1 / 12)]
@@ -185,7 +186,7 @@ def test_explain_sanity_bench_scores_road_as_direct_calls():
         return {k: torch.cat([p[k] for p in parts]) for k in ("morf", "lerf")}
 
     centre = direct(explain.centre_gaussian_map)
-    want = direct(lambda m, c: vit_core.lrp.attnlrp(m, c))
+    want = direct(lambda m, c: vit_core.explain.lrp.attnlrp(m, c))
     r = rows["attnlrp"]
     for k in ("morf", "lerf"):
         assert r[k]["mean"] == pytest.approx(want[k].mean().item(), abs=1e-6)

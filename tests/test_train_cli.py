@@ -21,10 +21,11 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+import train
 import vit_core
-from train import apply_overrides, fit_warmup, list_recipes, load_recipe
-from train.__main__ import main, train_parser
-from vit_core.recipe import Recipe, RecipeError
+from train import apply_overrides, first_sentence, fit_warmup, list_recipes, load_recipe, recipe_listing
+from train.__main__ import calibrate_parser, eval_parser, main, train_parser
+from vit_core.training.recipe import Recipe, RecipeError
 
 from .test_engine import TINY, make_image_folder, one_thread  # noqa: F401  (autouse fixture)
 
@@ -57,6 +58,34 @@ def test_every_recipe_is_valid():
     for name, doc in names.items():
         assert doc, f"{name} needs a docstring"
         Recipe.from_dict(load_recipe(name))
+
+
+def test_the_recipe_list_shows_whole_first_sentences():
+    """``python -m train list`` gave each docstring's first line, cut mid-phrase ("...under 2", "(ViT vs hybrid");
+    now the first sentence, whole, which "et al." and "e.g." do not end, wrapped under its column."""
+    assert first_sentence("One. Two.") == "One."
+    assert first_sentence("Open-set (Neal et al. 2018): six\nclasses, e.g. cats. Then more.\n\nNext.") == (
+        "Open-set (Neal et al. 2018): six classes, e.g. cats."
+    )
+    assert first_sentence("no full stop\nat all") == "no full stop at all"
+    names = list_recipes()
+    assert names["cifar10_speedrun"].endswith(
+        "under 2 transformer blocks, the paper's hybrid (section 3.1) for issue #27's 94% target."
+    )
+    assert "(ViT vs hybrid vs ResNet at equal CPU-minutes, `python -m bench.figure5`)" in names["cifar10_resnet18"]
+    assert names["cifar10_open6"].endswith("trained on 6 of the 10 classes.")
+    listing = recipe_listing(80)
+    assert max(map(len, listing.splitlines())) <= 80
+    assert " ".join(listing.split()) == " ".join(f"{name} {doc}" for name, doc in names.items())  # nothing cut
+
+
+def test_usage_names_the_command_as_it_was_typed(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/vit-train", "--help"])
+    assert train_parser().format_usage().startswith("usage: vit-train [")
+    assert eval_parser().format_usage().startswith("usage: vit-train eval ")
+    monkeypatch.setattr(sys, "argv", [str(Path(train.__file__).with_name("__main__.py")), "--help"])
+    assert train_parser().format_usage().startswith("usage: python -m train [")
+    assert calibrate_parser().format_usage().startswith("usage: python -m train calibrate ")
 
 
 def test_cifar10_vit_recipes_fit_their_budgets():
@@ -324,9 +353,9 @@ def test_train_eval_finetune_and_push(capsys, tmp_path, monkeypatch):
 
     # fine-tune at a higher resolution, then push (the Hub call is replaced: no network in tests)
     pushed = {}
-    import vit_core.hub
+    import vit_core.io.hub
 
-    monkeypatch.setattr(vit_core.hub, "push_to_hub", lambda src, repo, **kw: pushed.update(src=src, repo=repo, **kw))
+    monkeypatch.setattr(vit_core.io.hub, "push_to_hub", lambda src, repo, **kw: pushed.update(src=src, repo=repo, **kw))
     ft = tmp_path / "ft"
     assert (
         main(
@@ -370,7 +399,7 @@ def _epochs_done(run: Path) -> int:
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     """Kill -9 a training process after its first epoch, resume it from the command line with only --out:
     the weights at epoch 3 equal those of a run that was never interrupted."""
-    from vit_core.engine import train
+    from vit_core.training.engine import train
 
     data = make_image_folder(tmp_path / "data", n_per_class=96)
     sets = [

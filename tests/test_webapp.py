@@ -85,7 +85,7 @@ def test_rise_runs_within_the_budget_and_is_refused_over_it(tmp_path, monkeypatc
     """RISE costs explain.RISE_MASKS forward passes: drawn where that fits the server's budget; over it, a RISE
     request is refused with the cost and the alternatives, the default (AttnLRP, one backward pass) first."""
     a = _analysis(tmp_path, "token")
-    cost = explain.RISE_MASKS * vit_core.cost.forward_flops(a.model.config)
+    cost = explain.RISE_MASKS * vit_core.models.cost.forward_flops(a.model.config)
     assert methods.RISE.cost.flops(a.model.config) == cost
     assert settings.affordable(methods.RISE, a.model, CPU) and Settings().method is settings.DEFAULT_METHOD
     seen = []

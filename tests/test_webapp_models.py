@@ -29,7 +29,7 @@ from PIL import Image
 import vit_core
 from tests.hub_server import FakeHub, _Handler, timm_vit_files, transformers_vit_files
 from tests.rss import rss_mb
-from vit_core.cost import state_shapes
+from vit_core.models.cost import state_shapes
 from webapp import access, memory, models, options
 from webapp.catalog import AUTO, BUNDLED, BUNDLED_LABEL, CURATED, ROOT, imagenet_names
 from webapp.errors import public, user_error

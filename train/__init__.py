@@ -1,7 +1,7 @@
 """``python -m train``: train, fine-tune and evaluate ViTs from small declarative recipes.
 
 A recipe is a Python file in ``train/recipes/`` (or anywhere, given by path) defining a dict ``recipe``
-whose keys are ``vit_core.recipe.Recipe`` fields, as big_vision's configs are Python files. Keys left out
+whose keys are ``vit_core.training.recipe.Recipe`` fields, as big_vision's configs are Python files. Keys left out
 take the defaults of ``Recipe``; command-line options and ``--set key=value`` override them.
 """
 
@@ -10,22 +10,47 @@ from __future__ import annotations
 import ast
 import copy
 import importlib.util
+import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
-from vit_core.recipe import Recipe, RecipeError
+from vit_core.training.recipe import Recipe, RecipeError
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
 
+# words whose full stop ends no sentence ("Neal et al. 2018", "e.g. the hybrid")
+_ABBREVIATIONS = ("al.", "e.g.", "i.e.", "cf.", "vs.")
+
+
 def list_recipes() -> dict[str, str]:
-    """Recipe name -> the first line of its docstring."""
+    """Recipe name -> the first sentence of its docstring, whole (a docstring's first line may stop mid-phrase)."""
     out = {}
     for path in sorted(RECIPES_DIR.glob("*.py")):
         if not path.name.startswith("_"):
-            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-            out[path.stem] = doc.strip().splitlines()[0] if doc.strip() else ""
+            out[path.stem] = first_sentence(ast.get_docstring(ast.parse(path.read_text())) or "")
     return out
+
+
+def recipe_listing(columns: int) -> str:
+    """``python -m train list``: each recipe's name and first sentence, wrapped to ``columns`` (at least 40 for the
+    sentence) under its own column."""
+    recipes = list_recipes()
+    width = max(map(len, recipes), default=0)
+    indent = " " * (width + 2)
+    lines = [f"{name:{width}s}  {doc}" for name, doc in recipes.items()]
+    return "\n".join(textwrap.fill(line, max(columns, width + 40), subsequent_indent=indent) for line in lines)
+
+
+def first_sentence(doc: str) -> str:
+    """The first sentence of ``doc``'s first paragraph, on one line: up to the first full stop (or ! ?) that a
+    space and a capital, a quote or a bracket follow, or the paragraph's end; the whole paragraph without one."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    for end in re.finditer(r"[.!?](?=\s+[A-Z`'\"(]|$)", paragraph):
+        if not paragraph[: end.end()].rsplit(" ", 1)[-1].lower().endswith(_ABBREVIATIONS):
+            return paragraph[: end.end()]
+    return paragraph
 
 
 def load_recipe(name_or_path: str) -> dict[str, Any]:

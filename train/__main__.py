@@ -23,14 +23,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from vit_core.calibration import MAX_TEMPERATURE, MIN_TEMPERATURE
-from vit_core.checkpoint import CheckpointError, write_calibration
+from vit_core.calibration.ood import SCORES
 from vit_core.data import ImageDataError
-from vit_core.engine import train
-from vit_core.evaluation import (
+from vit_core.io.calibration_file import write_calibration
+from vit_core.io.files import CHECKPOINT_NAME, RECIPE_NAME, CheckpointError
+from vit_core.training.engine import train
+from vit_core.training.evaluation import (
     HELD_OUT,
     OOD_FIT,
     TTA_MODES,
@@ -39,12 +42,11 @@ from vit_core.evaluation import (
     format_confusion,
     write_eval,
 )
-from vit_core.finetune import CARD_NAME, finish_run
-from vit_core.ood import SCORES
-from vit_core.recipe import Recipe, RecipeError
-from vit_core.run_folder import CHECKPOINT_NAME, RECIPE_NAME, DiskFullError
+from vit_core.training.finetune import CARD_NAME, finish_run
+from vit_core.training.recipe import Recipe, RecipeError
+from vit_core.training.run_folder import DiskFullError
 
-from . import apply_overrides, fit_warmup, list_recipes, load_recipe, override
+from . import apply_overrides, fit_warmup, load_recipe, override, recipe_listing
 
 USER_ERRORS = (
     RecipeError,
@@ -58,9 +60,16 @@ USER_ERRORS = (
 )
 
 
+def prog() -> str:
+    """The command as it was typed, for usage lines: the installed script's name (``vit-train``), or
+    ``python -m train`` when run as a module (``sys.argv[0]`` is then this file, or ``-m`` while starting)."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return "python -m train" if name in ("", "__main__.py", "-c") or name.startswith("-m") else name
+
+
 def train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m train",
+        prog=prog(),
         description="Train or fine-tune a ViT from a recipe (train/recipes/). Subcommands: eval, calibrate, list.",
     )
     p.add_argument("--recipe", help="recipe name in train/recipes/ or path to a .py recipe")
@@ -104,7 +113,7 @@ def train_parser() -> argparse.ArgumentParser:
 
 
 def eval_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m train eval", description="Evaluate a checkpoint on a dataset split.")
+    p = argparse.ArgumentParser(prog=f"{prog()} eval", description="Evaluate a checkpoint on a dataset split.")
     p.add_argument("--model", required=True, help="run folder, checkpoint folder, Hub repo id, or timm:<name>")
     p.add_argument("--data", required=True, help="dataset: mnist | fashion-mnist | cifar10 | a folder | hf:<name>")
     p.add_argument("--split", default="test", choices=("train", "test", "val"))
@@ -132,7 +141,7 @@ def eval_parser() -> argparse.ArgumentParser:
 
 def calibrate_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m train calibrate",
+        prog=f"{prog()} calibrate",
         description="Fit a checkpoint's temperature and out-of-distribution threshold on held-out training images "
         "and store them in its folder (config.json 'calibration', ood.safetensors). No test image is used. A "
         "temperature fitted on images the run's recipe trained on is reported, not stored.",
@@ -233,11 +242,11 @@ def run_train(argv: list[str]) -> None:
         )
         raise DiskFullError(f"{e}; free some space, then {then}") from None
     if recipe.val_fraction is not None and int(os.environ.get("RANK", "0")) == 0:
-        # the held-out images calibrate the model, and the folder gets its model card (vit_core.finetune)
+        # the held-out images calibrate the model, and the folder gets its model card (vit_core.training.finetune)
         finish_run(Path(args.out), recipe, result, calibrate=result.stopped != "asked", progress=not args.no_progress)
         print(f"calibrated on the held-out images; wrote {Path(args.out) / CARD_NAME}")
     if args.push_to_hub and int(os.environ.get("RANK", "0")) == 0:
-        from vit_core.hub import push_to_hub
+        from vit_core.io.hub import push_to_hub
 
         url = push_to_hub(args.out, args.push_to_hub, private=args.private)
         print(f"pushed {args.out} to {url}")
@@ -363,10 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv[:1] == ["list"]:
-            recipes = list_recipes()
-            width = max(map(len, recipes), default=0)
-            for name, doc in recipes.items():
-                print(f"{name:{width}s}  {doc}")
+            print(recipe_listing(shutil.get_terminal_size().columns))
         elif argv[:1] == ["eval"]:
             run_eval(argv[1:])
         elif argv[:1] == ["calibrate"]:

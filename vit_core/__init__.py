@@ -15,13 +15,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import hub
-from .checkpoint import CheckpointError, save_pretrained
-from .config import ViTConfig
-from .hub import push_to_hub
-from .model import VisionTransformer
-from .pos_embed import resample_pos_embed
-from .variants import get_config, list_models
+# The submodules the docs and the app use by name (vit_core.calibration.predict, vit_core.explain.attention_rollout,
+# vit_core.methods.METHODS, vit_core.data.load_image): bound here, whatever folder holds them.
+from . import calibration as calibration
+from . import data as data
+from . import explain as explain
+from .explain import methods as methods
+from .io import hub
+from .io.checkpoint import save_pretrained
+from .io.files import CheckpointError
+from .io.hub import push_to_hub
+from .models.config import ViTConfig
+from .models.model import VisionTransformer
+from .models.pos_embed import resample_pos_embed
+from .models.variants import get_config, list_models
 
 __version__ = "0.1.0"  # the package's version (pyproject.toml reads it from here)
 __all__ = [
@@ -59,7 +66,7 @@ def from_pretrained(
     ``HF_TOKEN`` for private ones). ``img_size=...`` loads it at another resolution (position embeddings
     interpolated); other keywords override config fields. The config and the weight file's tensor shapes
     are checked, and the model's size held to ``max_params`` / ``max_activation_bytes`` (defaults in
-    ``vit_core.checkpoint``), before anything is allocated. See ``vit_core.hub``."""
+    ``vit_core.io.checkpoint``), before anything is allocated. See ``vit_core.io.hub``."""
     return hub.from_pretrained(
         path,
         revision=revision,

@@ -11,9 +11,9 @@ import argparse
 import os
 import sys
 
-from .checkpoint import CheckpointError
-from .hub import push_to_hub
-from .model_card import prepare_upload
+from .io.files import CheckpointError
+from .io.hub import push_to_hub
+from .io.model_card import prepare_upload
 
 
 def main(argv: list[str] | None = None) -> int:

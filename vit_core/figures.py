@@ -203,7 +203,7 @@ def confusion_figure(confusion: torch.Tensor | np.ndarray, labels: Sequence[str]
 def reliability_figure(curves: dict[str, dict[str, list]], title: str = "") -> Image.Image:
     """A reliability diagram (Guo et al. 2017, figure 1): per confidence bin, the accuracy of the predictions
     in it against their mean confidence, one set of bars per entry of ``curves`` (name -> ``count``,
-    ``confidence``, ``accuracy`` lists, as ``vit_core.evaluation`` records them; None for empty bins), with
+    ``confidence``, ``accuracy`` lists, as ``vit_core.training.evaluation`` records them; None for empty bins), with
     the diagonal of perfect calibration and each curve's ECE; below, the share of images per bin."""
     fig = Figure(figsize=(5.2, 6), dpi=100, layout="constrained")
     ax, ax_n = fig.subplots(2, 1, height_ratios=(3, 1), sharex=True)

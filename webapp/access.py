@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gradio.utils import get_cache_folder, get_upload_folder
 
-from vit_core.hub import HUB_ID
+from vit_core.io.hub import HUB_ID
 
 from .catalog import BUNDLED, BUNDLED_LABEL, CURATED, ROOT, run_folders
 from .errors import quote

@@ -17,7 +17,7 @@ decoding               ``ImageHeader.decode_bytes`` at ``MAX_SIDE``: 4 bytes a d
                        most its ``MAX_DECODE_BYTES``)
 after                  the reduced image (4 bytes a pixel), the tab's pictures (its draw bytes a pixel of it) and
                        the model
-the model (CPU only)   ``vit_core.model.activation_bytes`` per image of a forward pass, times the images of the
+the model (CPU only)   ``vit_core.models.model.activation_bytes`` per image of a forward pass, times the images of the
                        largest batch the tab runs (RISE: 64 masked images; Compare: every map, then its curves'
                        steps; Batch: a chunk), a backward pass (gradient rollout, AttnLRP) ``BACKWARD`` times a
                        forward pass, and RISE's masks; on a GPU the model's memory is the GPU's, not counted here
@@ -31,9 +31,9 @@ from collections.abc import Callable
 from typing import Any
 
 from vit_core import ViTConfig, methods
-from vit_core.cost import activation_bytes
 from vit_core.data import ImageHeader, ImageTransform
 from vit_core.data.images import target_size
+from vit_core.models.cost import activation_bytes
 
 from .admission import MB
 from .analysis import MAX_SIDE, needed_side

@@ -1,5 +1,5 @@
 """The Train tab's training process: ``python -m webapp.finetune_worker JOB.json`` runs
-``vit_core.finetune.finetune_folder`` on the job's folder and prints one JSON line per progress report (the
+``vit_core.training.finetune.finetune_folder`` on the job's folder and prints one JSON line per progress report (the
 ``Progress`` fields), then a ``{"result": ...}`` line. It stops after the current step once the job's stop file
 exists (the Cancel button). Everything else it prints goes to its log (stderr).
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from vit_core.finetune import finetune_folder
+from vit_core.training.finetune import finetune_folder
 
 
 def main(job_file: str) -> None:

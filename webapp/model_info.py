@@ -13,9 +13,10 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vit_core import VisionTransformer, figures, inspection
+from vit_core import VisionTransformer, figures
 from vit_core.calibration import calibrated_views
-from vit_core.run_folder import METRICS_NAME, RECIPE_NAME
+from vit_core.explain import inspection
+from vit_core.io.files import METRICS_NAME, RECIPE_NAME
 
 from .analysis import Analysis, autocast
 

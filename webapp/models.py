@@ -17,7 +17,7 @@ A public Space takes any text in ``/classify``'s ``model_choice`` from anyone, s
   ``webapp``) gets one line per handled error and a traceback only for unexpected ones.
 
 The limits are ``webapp.options.Options`` (the command line). Before a Hub load the Hub is asked once whether it
-answers (``vit_core.hub.answers``): huggingface_hub would retry a dead endpoint for about 30 s per file.
+answers (``vit_core.io.hub.answers``): huggingface_hub would retry a dead endpoint for about 30 s per file.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ import gradio as gr
 import torch
 
 import vit_core
-from vit_core import hub
-from vit_core.checkpoint import CONFIG_NAME, WEIGHTS_NAME
 from vit_core.data import build_transform
 from vit_core.data.transforms import ImageTransform
-from vit_core.hub import PICKLED_WEIGHTS_NAME
+from vit_core.io import hub
+from vit_core.io.files import CONFIG_NAME, WEIGHTS_NAME
+from vit_core.io.hub import PICKLED_WEIGHTS_NAME
 
 from . import sizing
 from .access import Access, Choice, ModelError, default_choices, operator_choice

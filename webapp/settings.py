@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from vit_core import VisionTransformer, ViTConfig, explain, lrp, methods
-from vit_core.methods import Method
+from vit_core import VisionTransformer, ViTConfig, explain, methods
+from vit_core.explain import lrp
+from vit_core.explain.methods import Method
 
 from .errors import quote
 
@@ -33,7 +34,7 @@ PREDICTED = "(predicted class)"
 
 
 def lrp_based() -> list[Method]:
-    """The methods of the table built on layer-wise relevance propagation (``vit_core.lrp``'s functions)."""
+    """The methods of the table built on layer-wise relevance propagation (``vit_core.explain.lrp``'s functions)."""
     return [m for m in methods.METHODS if m.fn.__module__ == lrp.__name__]
 
 

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vit_core import ViTConfig, hub
-from vit_core.checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, config_from_dict
-from vit_core.convert import npz_header, transformers_config
-from vit_core.cost import activation_bytes, state_shapes
-from vit_core.hub import CHECKPOINT_FILES, PICKLED_WEIGHTS_NAME
+from vit_core import ViTConfig
+from vit_core.io import hub
+from vit_core.io.checkpoint import config_from_dict
+from vit_core.io.convert import npz_header, transformers_config
+from vit_core.io.files import CONFIG_NAME, WEIGHTS_NAME, CheckpointError
+from vit_core.io.hub import CHECKPOINT_FILES, PICKLED_WEIGHTS_NAME
+from vit_core.models.cost import activation_bytes, state_shapes
 
 from .access import Choice, ModelError
 
@@ -66,7 +68,7 @@ def config_footprint(d: dict[str, Any]) -> Footprint | None:
 
 def npz_footprint(path: Path) -> tuple[Footprint, int]:
     """The footprint of an original JAX ``.npz`` and its arrays' float32 bytes, from the array headers only
-    (``vit_core.convert.npz_header``: a compressed file can declare gigabytes of zeros in a few kilobytes)."""
+    (``vit_core.io.convert.npz_header``: a compressed file can declare gigabytes of zeros in a few kilobytes)."""
     try:
         shapes = npz_header(path)
     except CheckpointError as e:  # refused before any array is read; the message without the server path
@@ -116,7 +118,7 @@ class Files:
 
 
 def files_of(choice: Choice) -> Files | None:
-    """The files of a local checkpoint, or of a Hub repo (``vit_core.hub.file_sizes``: its file listing, or the
+    """The files of a local checkpoint, or of a Hub repo (``vit_core.io.hub.file_sizes``: its file listing, or the
     local cache when offline). None when the Hub says the repo or revision does not exist or is gated: the
     loader says which."""
     if choice.local:

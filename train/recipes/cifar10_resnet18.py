@@ -1,7 +1,7 @@
 """CIFAR-10 from scratch with timm's ResNet-18 made for 32 px: the CNN of the small-scale figure 5 (ViT vs hybrid
 vs ResNet at equal CPU-minutes, `python -m bench.figure5`), at about the hybrid speedrun's cost per image.
 
-timm's resnet18 with its stem adapted to 32x32 images (`vit_core.cnn`: a 3x3 convolution with stride 1, no max
+timm's resnet18 with its stem adapted to 32x32 images (`vit_core.models.cnn`: a 3x3 convolution with stride 1, no max
 pool) and stages 48, 96, 192, 384 wide (3/4 of timm's; 6.3M parameters): 0.65 GFLOP per image, against 0.50 for
 cifar10_speedrun and 1.11 at timm's widths. Trained as CIFAR ResNets are, SGD with Nesterov momentum 0.9 and
 weight decay 5e-4 at lr 0.1 per 128 images, with the speedrun's data, augmentation, label smoothing and

@@ -55,14 +55,7 @@ from .images import (
     read_header,
     to_model_mode,
 )
-from .transforms import (
-    AUGMENT_DEFAULTS,
-    ImageTransform,
-    build_mixup,
-    build_transform,
-    check_augment,
-    storage_transform,
-)
+from .transforms import AUGMENT_DEFAULTS, ImageTransform, build_mixup, build_transform, check_augment, storage_transform
 
 __all__ = [
     "AUGMENT_DEFAULTS",

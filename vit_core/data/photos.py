@@ -14,7 +14,7 @@ alternating flips) treats them like the rest:
 
 Photos of other things (a recipe's ``outliers``, e.g. ``photos/ants_and_bees``) join the same way, every class
 of their folder, labelled ``OUTLIER`` (-1): outlier exposure (Hendrycks et al. 2019), whose loss
-(``vit_core.builders.OutlierExposure``) pushes the model's answer for them toward "all classes equally likely".
+(``vit_core.training.builders.OutlierExposure``) pushes the model's answer for them toward "all classes equally likely".
 
 Everything is drawn from ``random.Random(seed)``: the same recipe makes the same images.
 """

@@ -3,7 +3,7 @@ image, beside the centre-Gaussian baseline; ``/compare``. A new image or model c
 (``fresh``); the button computes it for what is on screen.
 
 Deletion (pixels removed most relevant first; lower is better) and insertion (revealed most relevant first;
-higher is better), ``vit_core.faithfulness.deletion_insertion_auc``, beside a map that ignores the image, the
+higher is better), ``vit_core.explain.faithfulness.deletion_insertion_auc``, beside a map that ignores the image, the
 centre Gaussian: a method that does no better than it says little about this image (``score_methods``).
 """
 
@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from vit_core import explain, methods
-from vit_core.faithfulness import deletion_insertion_auc
+from vit_core.explain.faithfulness import deletion_insertion_auc
 
 from .. import estimates, render
 from ..admission import COMPUTE

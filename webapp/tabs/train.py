@@ -2,8 +2,8 @@
 live progress, a Cancel button, the calibration numbers, the run folder as a zip, and the picker switched to the
 new model so that every other tab explains it at once; ``/train`` streams the same progress to API clients.
 
-The work is ``webapp.training`` (one job at a time, in a process of its own, ``vit_core.finetune``) on the folder
-``webapp.trainset`` writes. In public mode the limits are ``trainset.PUBLIC``, the model is the session's only
+The work is ``webapp.training`` (one job at a time, in a process of its own, ``vit_core.training.finetune``) on the
+folder ``webapp.trainset`` writes. In public mode the limits are ``trainset.PUBLIC``, the model is the session's only
 and is deleted after an hour, and there is no Hub push.
 """
 
@@ -32,7 +32,7 @@ TITLE = "Train"
 TTL_S = 3600.0  # a public server keeps a visitor's trained model this long
 # the training process before its images: torch, the model, a batch (the bundled model on 80 photos: 1.06 GB RSS)
 WORKER_BYTES = 1024 * MB
-BATCH = 32  # vit_core.finetune.FINETUNE_RECIPE's batch
+BATCH = 32  # vit_core.training.finetune.FINETUNE_RECIPE's batch
 MAX_DOUBLED = 224  # the largest input "twice the size" may ask for (a CPU trains 448 px far too slowly)
 UPDATE_S = 2.0  # the page gets at most one update this often while training
 _TRAINERS: weakref.WeakKeyDictionary[Models, Trainer] = weakref.WeakKeyDictionary()

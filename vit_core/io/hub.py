@@ -14,7 +14,7 @@ with ``torch.load(weights_only=True)``, which rebuilds tensors and plain contain
 a pickle that needs more (arbitrary objects, i.e. arbitrary code) is refused. Before the weights are
 downloaded, ``config.json`` is validated and the model it declares held to the size limits
 (``max_params``, ``max_activation_bytes``); before they are read, the file's header is checked against it
-(``vit_core.checkpoint.load_model``, the one path every loader ends in).
+(``vit_core.io.checkpoint.load_model``, the one path every loader ends in).
 
 Downloads go through huggingface_hub and its cache (``HF_HOME`` / ``HF_HUB_CACHE``), so the standard
 variables apply: ``HF_HUB_OFFLINE=1`` loads cached repos without any network call, ``HF_ENDPOINT`` points
@@ -49,23 +49,12 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from .checkpoint import (
-    CONFIG_NAME,
-    WEIGHTS_NAME,
-    CheckpointError,
-    SizeLimits,
-    check_size,
-    config_from_dict,
-    load_model,
-    read_calibration,
-    read_header,
-    read_json,
-    read_weights,
-    save_pretrained,
-)
-from .config import ViTConfig
+from ..models.config import ViTConfig
+from ..models.model import VisionTransformer
+from .calibration_file import read_calibration
+from .checkpoint import SizeLimits, check_size, config_from_dict, load_model, save_pretrained
 from .convert import PREPROCESSOR_NAME, convert_transformers, load_npz, transformers_config
-from .model import VisionTransformer
+from .files import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, read_header, read_json, read_weights
 from .model_card import prepare_upload
 
 PICKLED_WEIGHTS_NAME = "pytorch_model.bin"
@@ -100,7 +89,7 @@ def from_pretrained(
 
     ``revision``: branch, tag or commit of a Hub repo. ``token``: for private or gated repos (default:
     ``HF_TOKEN`` or the stored login). ``max_params``, ``max_activation_bytes``: the largest model to
-    build (default: ``vit_core.checkpoint.SizeLimits.resolve()``), checked before any weights are read.
+    build (default: ``vit_core.io.checkpoint.SizeLimits.resolve()``), checked before any weights are read.
     ``overrides`` change the config before the weights load, e.g. ``img_size=384`` (position embeddings
     interpolated) or ``drop_path_rate=0.1`` for fine-tuning.
     """

@@ -27,7 +27,7 @@ from .hybrid import ConvStem, ResNetV2Stem
 from .pos_embed import resample_pos_embed
 
 if TYPE_CHECKING:
-    from .calibration import Calibration
+    from ..calibration import Calibration
 
 
 class PatchEmbed(nn.Module):

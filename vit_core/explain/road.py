@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .explain import MapFn, eval_mode, target_classes
+from . import MapFn, eval_mode, target_classes
 from .faithfulness import pixel_ranks
 
 ROAD_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)

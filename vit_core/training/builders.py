@@ -16,10 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from . import hub
-from .checkpoint import CheckpointError
-from .cnn import create_cnn, is_cnn
-from .data import (
+from ..data import (
     ImageTransform,
     InMemoryImageDataset,
     build_dataset,
@@ -32,11 +29,14 @@ from .data import (
     stratified_split,
     with_transform,
 )
-from .data.photos import OUTLIER, with_photos
+from ..data.photos import OUTLIER, with_photos
+from ..io import hub
+from ..io.files import CheckpointError
+from ..models.cnn import create_cnn, is_cnn
+from ..models.hybrid import ConvStem, whitening_weights
+from ..models.model import VisionTransformer
 from .distillation import Distilled
 from .distributed import seed_all
-from .hybrid import ConvStem, whitening_weights
-from .model import VisionTransformer
 from .mpp import MaskedPatchPrediction
 from .recipe import STEM_OPTIMIZER_DEFAULTS, Recipe, RecipeError
 
@@ -105,7 +105,7 @@ def build_network(
     fine-tuning; with ``keep_head``, its own head, whose classes must be ``classes``), or a model from scratch
     initialised as ``weight_init`` and ``stem_init`` say, its whitening filters (a conv stem's ``stem_whiten``)
     computed from ``train_set``; wrapped for masked patch prediction when ``task='mpp'``; or a timm CNN baseline
-    (``vit_core.cnn``) with timm's initialisation. Seeded with the recipe's seed, so every process builds the
+    (``vit_core.models.cnn``) with timm's initialisation. Seeded with the recipe's seed, so every process builds the
     same weights."""
     seed_all(recipe.seed)
     if init is not None:

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .explain import eval_mode, readout_row, target_classes, to_map, token_grid, weighted_rollout
-from .hybrid import ConvStem, ResNetV2Stem, StdConv2dSame, WhiteningConv, pad_same
+from ..models.hybrid import ConvStem, ResNetV2Stem, StdConv2dSame, WhiteningConv, pad_same
+from . import eval_mode, readout_row, target_classes, to_map, token_grid, weighted_rollout
 from .lrp_rules import ATTNLRP, CHEFER, Rules, gamma_conv, identity_rule, safe_div, uniform_half, with_gradient_of
 
 # The γ-rule on convolutions: 0.1, the lowest of the AttnLRP authors' ViT sweep (0.1, 0.25, 100). On the speedrun

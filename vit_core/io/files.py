@@ -1,4 +1,5 @@
-"""A checkpoint's files, read and written safely: their names, ``CheckpointError``, JSON objects of bounded size,
+"""A checkpoint's files, read and written safely: their names (and those of the training run folder that holds
+one, which the model card reads and ``training.run_folder`` writes), ``CheckpointError``, JSON objects of bounded size,
 safetensors headers read before any tensor, shapes checked against what a model expects, and atomic writes (temp
 file + rename). ``checkpoint`` and ``calibration_file`` build on these; no torch module is built here.
 """
@@ -18,6 +19,10 @@ from safetensors.torch import load_file
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+RECIPE_NAME = "recipe.json"  # a run folder's: the resolved recipe
+CHECKPOINT_NAME = "checkpoint.pt"  # the full training state after the last finished epoch
+METRICS_NAME = "metrics.jsonl"  # one line per epoch
+CURVES_NAME = "curves.png"  # training curves
 MAX_JSON_BYTES = 16 * 2**20  # configs with ImageNet-21k's 21,843 label names are about 1.2 MB
 
 

@@ -29,18 +29,12 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-# what callers import from here: the files' names and readers, and a calibration's storage
-from .calibration_file import OOD_NAME as OOD_NAME
-from .calibration_file import read_calibration as read_calibration
-from .calibration_file import write_calibration as write_calibration
+from ..models.config import TIMM_MODEL_ARGS, ViTConfig
+from ..models.cost import activation_bytes, state_shapes
+from ..models.model import VisionTransformer
+from ..models.variants import get_config, list_models
 from .calibration_file import write_config
-from .config import TIMM_MODEL_ARGS, ViTConfig
-from .cost import activation_bytes, state_shapes
 from .files import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write, check_shapes, read_json
-from .files import read_header as read_header
-from .files import read_weights as read_weights
-from .model import VisionTransformer
-from .variants import get_config, list_models
 
 _RUNTIME_ONLY_ARGS = {"dynamic_img_size", "dynamic_img_pad", "strict_img_size"}
 
@@ -203,7 +197,7 @@ def save_pretrained(model: VisionTransformer, directory: str | Path, dtype: torc
 @dataclass(frozen=True)
 class SizeLimits:
     """The largest model a load may build: parameters (state-dict values) and the activation memory of
-    one image at the model's input size (``vit_core.cost.activation_bytes``)."""
+    one image at the model's input size (``vit_core.models.cost.activation_bytes``)."""
 
     max_params: int
     max_activation_bytes: int

@@ -15,11 +15,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cnn import is_cnn
-from .config import ViTConfig
-from .data import check_augment
-from .data.photos import check_outliers, check_photos
-from .variants import get_config
+from ..data import check_augment
+from ..data.photos import check_outliers, check_photos
+from ..models.cnn import is_cnn
+from ..models.config import ViTConfig
+from ..models.variants import get_config
 
 
 class RecipeError(ValueError):
@@ -32,7 +32,7 @@ class Recipe:
 
     # --- the model
     # registry name (vit_core.list_models()); None: ViTConfig's defaults; "timm:<name>": a timm ResNet from
-    # scratch, a baseline for comparisons (vit_core.cnn; its model_args: CNN_INPUT_FIELDS and "channels")
+    # scratch, a baseline for comparisons (vit_core.models.cnn; its model_args: CNN_INPUT_FIELDS and "channels")
     model: str | None = None
     model_args: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields, e.g. depth, drop_path_rate
     weight_init: str = "timm"  # from scratch: "timm" (trunc. normal .02) or "jax" (Xavier; model.init_weights)
@@ -44,8 +44,8 @@ class Recipe:
     # WiSE-FT (Wortsman et al. 2022): the run folder holds (1 - w) init + w trained weights, interpolated in weight
     # space, which keeps more of what the checkpoint knew (with keep_head: the same parameters on both sides)
     wise_ft: float | None = None
-    # learning without forgetting (vit_core.distillation): the loss plus this weight times the distillation loss
-    # to init's own answers (temperature ``distill_temperature``) on the images init classifies right
+    # learning without forgetting (vit_core.training.distillation): the loss plus this weight times the
+    # distillation loss to init's own answers (temperature ``distill_temperature``) on the images init classifies right
     distill: float | None = None
     distill_temperature: float = 2.0
     task: str = "classify"  # "classify", or "mpp": masked patch prediction pre-training (section 4.6)

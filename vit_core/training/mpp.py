@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import VisionTransformer
+from ..models.model import VisionTransformer
 
 MASK, RANDOM, KEEP = 1, 2, 3  # corruption kinds; 0: not corrupted
 

@@ -12,7 +12,7 @@
   ``embedding/kernel``, ``cls``, ``head/kernel``, hybrid ``conv_root``, ``block1/unit1/conv1/kernel``...)
   with kernels stored (in, out) or (h, w, in, out). The architecture is read from the arrays' shapes.
 
-The converters are plain tensor reshuffles, so ``vit_core.checkpoint.load_model`` runs them first on
+The converters are plain tensor reshuffles, so ``vit_core.io.checkpoint.load_model`` runs them first on
 shape-only (meta) tensors made from the files' headers: a file whose arrays do not form the ViT its
 config declares is refused before any array is read.
 """
@@ -29,11 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import CheckpointError, SizeLimits, load_model
-from .config import ViTConfig
-from .data.transforms import PIL_RESAMPLE
-from .model import VisionTransformer
-from .variants import get_config, list_models
+from ..data.transforms import PIL_RESAMPLE
+from ..models.config import ViTConfig
+from ..models.model import VisionTransformer
+from ..models.variants import get_config, list_models
+from .checkpoint import SizeLimits, load_model
+from .files import CheckpointError
 
 PREPROCESSOR_NAME = "preprocessor_config.json"  # transformers' image processor settings
 MAX_NPZ_ARRAYS = 10_000  # ViT-H/14 has about 400, R50+ViT-L/32 about 600
@@ -344,7 +345,7 @@ def read_npz(path: str | Path) -> dict[str, torch.Tensor]:
 
 def load_npz(path: str | Path, *, limits: SizeLimits | None = None, **overrides: Any) -> VisionTransformer:
     """Load an original JAX ``.npz`` (``ViT-B_16.npz``, ``R50+ViT-B_16.npz``...) as a model, its arrays'
-    headers checked before any array is read (``vit_core.checkpoint.load_model``)."""
+    headers checked before any array is read (``vit_core.io.checkpoint.load_model``)."""
     path, source = Path(path), str(path)
     return load_model(
         npz_header(path), lambda: read_npz(path), lambda a: convert_npz(a, source), source, overrides, limits

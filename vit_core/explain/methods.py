@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import explain, lrp
-from .config import ViTConfig
-from .cost import forward_flops
+from .. import explain
+from ..models.config import ViTConfig
+from ..models.cost import forward_flops
+from . import lrp
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,12 @@ import torch
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as safetensors_bytes
 
-from .calibration import Calibration, to_json
+from ..calibration import Calibration, to_json
+from ..calibration.ood import CLASSES, FEATURES, ONE, RESIDUAL, SCORES, OODDetector
 from .files import CONFIG_NAME, CheckpointError, atomic_write, check_shapes, read_header, read_json
-from .ood import CLASSES, FEATURES, ONE, RESIDUAL, SCORES, OODDetector
 
 if TYPE_CHECKING:
-    from .model import VisionTransformer
+    from ..models.model import VisionTransformer
 
 OOD_NAME = "ood.safetensors"
 MAX_OOD_ROWS = 1_000_000  # training images' features in a statistic (a kNN bank's rows)

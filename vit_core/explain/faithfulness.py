@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .explain import MapFn, attention_rollout, eval_mode, target_classes
+from . import MapFn, attention_rollout, eval_mode, target_classes
 
 BLUR_SIGMA = 0.25  # the blur baseline's σ, a fraction of each side of the image
 

@@ -1,6 +1,6 @@
 """The ``README.md`` model card pushed with a checkpoint: Hub metadata (YAML) and a readable body.
 
-What is read from a training run folder (the layout ``vit_core.engine`` writes):
+What is read from a training run folder (the layout ``vit_core.training.engine`` writes):
 
 - ``metrics.jsonl``: one JSON object per line (per epoch). The reported accuracy is the value of the first
   of ``ema_test_top1, top1, test_top1, test_acc, val_top1, val_acc, acc, accuracy`` found in the *last*
@@ -18,7 +18,7 @@ What is read from a training run folder (the layout ``vit_core.engine`` writes):
 - top-level ``*.png`` files (training curves, confusion matrices; reliability diagrams in the calibration
   section): embedded in the card.
 
-``prepare_upload`` says what ``vit_core.hub.push_to_hub`` uploads from such a folder: its files and the card.
+``prepare_upload`` says what ``vit_core.io.hub.push_to_hub`` uploads from such a folder: its files and the card.
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
-from .checkpoint import CONFIG_NAME, OOD_NAME, WEIGHTS_NAME, CheckpointError, read_config, read_header, read_json
-from .config import ViTConfig
-from .run_folder import METRICS_NAME
-from .variants import size_name
+from ..models.config import ViTConfig
+from ..models.variants import size_name
+from .calibration_file import OOD_NAME
+from .checkpoint import read_config
+from .files import CONFIG_NAME, METRICS_NAME, WEIGHTS_NAME, CheckpointError, read_header, read_json
 
 ACCURACY_KEYS = ("ema_test_top1", "top1", "test_top1", "test_acc", "val_top1", "val_acc", "acc", "accuracy")
 RECIPE_NAMES = ("recipe.json", "recipe.yaml", "recipe.yml")
@@ -156,7 +157,7 @@ def prepare_upload(
     """What ``push_to_hub`` uploads from a checkpoint or training run folder: ({name in repo: local
     file}, model card text). Uploads ``model.safetensors``, ``config.json``, ``metrics.jsonl``, top-level ``*.png``
     (training curves, confusion matrices, reliability diagrams) and, when the config's calibration uses it,
-    ``ood.safetensors``; the card (with the ``eval_*.json`` results) is generated (see ``vit_core.model_card``),
+    ``ood.safetensors``; the card (with the ``eval_*.json`` results) is generated (see ``vit_core.io.model_card``),
     never read from the folder."""
     folder = Path(folder)
     missing = [n for n in (WEIGHTS_NAME, CONFIG_NAME) if not (folder / n).is_file()]
@@ -290,7 +291,7 @@ def render_model_card(
         if len(history) > 1 and max(history) != row[key]:
             lines.append(f"\nBest {key} during training: {_fmt(max(history))}.")
         last = metrics[-1]
-        if last.get("stopped") == "asked":  # vit_core.progress.Hooks.should_stop: a cancelled run
+        if last.get("stopped") == "asked":  # vit_core.training.progress.Hooks.should_stop: a cancelled run
             lines.append(
                 f"\n**Incomplete**: the training was cancelled in epoch {last.get('epoch')}, after {last.get('steps')} "
                 "of its steps, before its schedule ended."
@@ -345,7 +346,7 @@ def _calibration_section(calibration: dict[str, Any] | None, evals: list[dict[st
         keep = f"{ood['keep']:.0%}" if _is_number(ood.get("keep")) else "most"
         on = f" ({ood['fitted_on']})" if ood.get("fitted_on") else ""
         lines.append(
-            f'"None of my classes": an image whose `{ood.get("score")}` score (`vit_core.ood`) is above '
+            f'"None of my classes": an image whose `{ood.get("score")}` score (`vit_core.calibration.ood`) is above '
             f"{ood['threshold']:.4g} is reported as out of distribution; the threshold keeps {keep} of the held-out "
             f"in-distribution images{on}.\n"
         )

@@ -1,7 +1,7 @@
 """What a configuration costs, from the config alone: before anything is downloaded, allocated or run.
 
 - ``state_shapes``: the shape of every weight, which loaders check a checkpoint's header against and count
-  its parameters with (``vit_core.checkpoint``, the app's ``webapp.sizing``);
+  its parameters with (``vit_core.io.checkpoint``, the app's ``webapp.sizing``);
 - ``activation_bytes``: one explained image's activation memory, held to a limit on loading;
 - ``forward_flops``: one image's forward pass, what perturbation explanations cost
   (``vit_core.methods``: RISE runs one per mask).
@@ -63,7 +63,7 @@ def activation_bytes(cfg: ViTConfig) -> int:
     The probabilities of all blocks (depth x heads x T^2), one block's widest intermediates (q, k, v and
     output, the MLP's hidden layer and its activation, scores and probabilities), the image, and for
     hybrids the CNN's largest feature map with its input. An estimate for the size limit on loading
-    (``vit_core.checkpoint.SizeLimits``), from the config alone."""
+    (``vit_core.io.checkpoint.SizeLimits``), from the config alone."""
     (h, w), heads, D = cfg.img_hw, cfg.num_heads, cfg.embed_dim
     T = cfg.num_prefix_tokens + math.prod(cfg.grid_size)
     block = T * (5 * D + 2 * int(D * cfg.mlp_ratio)) + 2 * heads * T * T

@@ -1,8 +1,8 @@
 """Training: the loop behind ``python -m train``.
 
-A run is described by a :class:`Recipe` (``vit_core.recipe``: plain data, what the files in
-``train/recipes/`` hold), built from timm's ingredients (``vit_core.builders``) and writes one folder, on
-the first process only (``vit_core.run_folder``: recipe.json, model.safetensors + config.json, metrics.jsonl,
+A run is described by a :class:`Recipe` (``vit_core.training.recipe``: plain data, what the files in
+``train/recipes/`` hold), built from timm's ingredients (``vit_core.training.builders``) and writes one folder, on
+the first process only (``vit_core.training.run_folder``: recipe.json, model.safetensors + config.json, metrics.jsonl,
 curves.png, checkpoint.pt). Each epoch's files are committed together, so that a kill at any moment
 leaves a folder a resume can trust.
 
@@ -33,6 +33,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..data import Batches
+from ..figures import training_curves_figure
+from ..io.files import CHECKPOINT_NAME, RECIPE_NAME
+from ..models.model import VisionTransformer
 from . import run_folder
 from .builders import (
     build_datasets,
@@ -46,12 +50,9 @@ from .builders import (
     load_init,
     main_groups,
 )
-from .data import Batches
 from .distillation import frozen_copy
 from .distributed import Processes, rng_state, seed_all, set_rng_state, setup_processes
 from .evaluation import evaluate, evaluate_checkpoint, evaluate_mpp
-from .figures import training_curves_figure
-from .model import VisionTransformer
 from .progress import Hooks, ProgressLine, StepInfo
 from .recipe import Recipe, RecipeError, recipe_diff
 
@@ -65,7 +66,7 @@ class TrainResult:
     evaluated on, and why it stopped before ``epochs``: "budget" (``budget_minutes`` spent), "asked"
     (``Hooks.should_stop``), or None."""
 
-    model: nn.Module  # a VisionTransformer, or a CNN baseline (vit_core.cnn)
+    model: nn.Module  # a VisionTransformer, or a CNN baseline (vit_core.models.cnn)
     history: list[dict[str, Any]]
     train_set: Dataset
     test_set: Dataset
@@ -88,7 +89,7 @@ def train(
     except ``RUNTIME_KEYS``). ``stop_after``: stop once this many epochs are done (the schedule still spans
     ``recipe.epochs``), e.g. to train in slices. ``overwrite``: start a new run in a folder that holds one,
     or other files (those are kept; ``run_folder.check_out``). ``hooks``: callbacks to follow and stop the run
-    (``vit_core.progress.Hooks``). Under torchrun, call this in every process.
+    (``vit_core.training.progress.Hooks``). Under torchrun, call this in every process.
     """
     recipe = recipe if isinstance(recipe, Recipe) else Recipe.from_dict(recipe)
     out = Path(out)
@@ -204,7 +205,7 @@ class _Run:
 
     def _load_state(self) -> dict[str, Any]:
         """The checkpoint to resume from, after checking that it belongs to this recipe."""
-        state = torch.load(self.out / run_folder.CHECKPOINT_NAME, map_location="cpu", weights_only=True)
+        state = torch.load(self.out / CHECKPOINT_NAME, map_location="cpu", weights_only=True)
         diff = recipe_diff(Recipe.from_dict(state["recipe"]), self.recipe)
         if diff:
             raise RecipeError(f"{self.out} was trained with another recipe ({'; '.join(diff)}); use a new --out")
@@ -231,12 +232,12 @@ class _Run:
     def _prepare_folder(self, resume: bool) -> None:
         """Clean up after a killed run; on resume, rewrite the files a kill left behind the checkpoint."""
         run_folder.prepare(self.out, fresh=not resume)
-        run_folder.write_json(self.out / run_folder.RECIPE_NAME, self.recipe.to_dict())
+        run_folder.write_json(self.out / RECIPE_NAME, self.recipe.to_dict())
         weights = isinstance(self.model, VisionTransformer)  # a CNN baseline's are in the checkpoint only
         stale = run_folder.stale_files(self.out, self.start_epoch, weights=weights) if resume else []
         if stale:
             print(
-                f"{self.out}: {', '.join(stale)} did not hold epoch {self.start_epoch} of {run_folder.CHECKPOINT_NAME} "
+                f"{self.out}: {', '.join(stale)} did not hold epoch {self.start_epoch} of {CHECKPOINT_NAME} "
                 "(a kill while saving, or an older version); rewritten from it",
                 flush=True,
             )

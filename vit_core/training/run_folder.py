@@ -5,7 +5,7 @@ files are committed so that a kill at any moment leaves a folder that a resume c
     checkpoint.pt      the full training state after the last finished epoch: the commit record
     model.safetensors  the exported model (its header records the epoch) and
     config.json        its config: ``vit_core.from_pretrained(run)`` loads the pair (a ViT's; a CNN baseline's
-                       weights, ``vit_core.cnn``, are in checkpoint.pt only)
+                       weights, ``vit_core.models.cnn``, are in checkpoint.pt only)
     metrics.jsonl      one line per epoch
     curves.png         training curves (its text chunk records the epoch)
     ood.safetensors    OOD statistics, written with config.json's calibration by ``python -m train calibrate``
@@ -34,16 +34,13 @@ from PIL import Image, PngImagePlugin
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 
-from .checkpoint import CONFIG_NAME, OOD_NAME, WEIGHTS_NAME, config_to_dict
+from ..io.calibration_file import OOD_NAME
+from ..io.checkpoint import config_to_dict
+from ..io.files import CHECKPOINT_NAME, CONFIG_NAME, CURVES_NAME, METRICS_NAME, RECIPE_NAME, WEIGHTS_NAME
 from .recipe import RecipeError
 
 if TYPE_CHECKING:
-    from .model import VisionTransformer
-
-RECIPE_NAME = "recipe.json"
-CHECKPOINT_NAME = "checkpoint.pt"
-METRICS_NAME = "metrics.jsonl"
-CURVES_NAME = "curves.png"
+    from ..models.model import VisionTransformer
 
 _WRITTEN = (RECIPE_NAME, CHECKPOINT_NAME, WEIGHTS_NAME, CONFIG_NAME, METRICS_NAME, CURVES_NAME)  # by a run
 # What a run writes, ``python -m train eval`` and ``calibrate`` included.
@@ -51,7 +48,7 @@ _RUN_FILES = (
     rf"(?:{'|'.join(map(re.escape, (*_WRITTEN, OOD_NAME)))}|eval_[\w-]+\.json|confusion_[\w-]+\.png"
     r"|reliability_[\w-]+\.png)"
 )
-# Their temporary files: ``.<name>.tmp`` (``commit``) and ``.<name>.<random>.tmp`` (``checkpoint.atomic_write``).
+# Their temporary files: ``.<name>.tmp`` (``commit``) and ``.<name>.<random>.tmp`` (``files.atomic_write``).
 _TEMP_FILE = re.compile(rf"\.{_RUN_FILES}\.(?:.*\.)?tmp")
 
 Writer = Callable[[IO[bytes]], Any]

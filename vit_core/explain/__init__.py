@@ -42,8 +42,8 @@ running the model): ``fuse_heads``, ``discard_lowest``, ``rollout`` (the rollout
 read-out row gives ``attention_rollout``'s map, a patch's one-hot row where that patch's attention flows),
 ``attention_rollout_from`` and ``attention_maps_from``.
 
-``vit_core.faithfulness`` scores maps, ``vit_core.methods`` lists them for the app and the benchmarks, and
-``vit_core.inspection`` holds the paper's figure 7 (what the model learned, not where it looked).
+``vit_core.explain.faithfulness`` scores maps, ``vit_core.methods`` lists them for the app and the benchmarks, and
+``vit_core.explain.inspection`` holds the paper's figure 7 (what the model learned, not where it looked).
 """
 
 from __future__ import annotations

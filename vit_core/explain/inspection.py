@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .explain import eval_mode, token_grid
+from . import eval_mode, token_grid
 
 
 def embedding_filters(model: nn.Module, n: int = 28) -> torch.Tensor:

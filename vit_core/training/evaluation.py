@@ -15,8 +15,7 @@ from torch import nn
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from .builders import load_data, load_init
-from .calibration import (
+from ..calibration import (
     ECE_BINS,
     TTA_MODES,
     Calibration,
@@ -29,12 +28,13 @@ from .calibration import (
     temperature,
     tta_views,
 )
-from .data import Batches, build_transform, class_subset
-from .data.photos import photo_specs, with_photos
+from ..calibration.ood import OODDetector, fit_statistics, ood_scores, threshold_for
+from ..data import Batches, build_transform, class_subset
+from ..data.photos import photo_specs, with_photos
+from ..figures import confusion_figure, reliability_figure
+from ..models.model import VisionTransformer
+from .builders import load_data, load_init
 from .distributed import setup_processes
-from .figures import confusion_figure, reliability_figure
-from .model import VisionTransformer
-from .ood import OODDetector, fit_statistics, ood_scores, threshold_for
 from .recipe import RecipeError
 from .run_folder import commit, write_json
 
@@ -207,7 +207,7 @@ def calibrate_checkpoint(
 
     The temperature (``vit_core.calibration.fit_temperature``) is fitted on the ``held_out`` training images
     (images a..b-1 of ``data.fixed_subset``'s fixed shuffle) for the ``tta`` views; the ``ood`` score's
-    statistics (``vit_core.ood.fit_statistics``) come from the ``fit`` images' pre-logit features, and its
+    statistics (``vit_core.calibration.ood.fit_statistics``) come from the ``fit`` images' pre-logit features, and its
     threshold is the ``keep`` quantile of the held-out images' scores. No test image is used. ``seen``: whether
     the model was trained on the held-out images (None: not known), recorded in ``fitted_on``: a model is right
     more often on images it was trained on than on new ones, so fitted there the temperature comes out too low.

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import write_calibration
-from .data import Batches, build_dataset, build_transform, stratified_split, with_transform
+from ..data import Batches, build_dataset, build_transform, stratified_split, with_transform
+from ..io.calibration_file import write_calibration
+from ..io.model_card import prepare_upload
+from ..models.model import VisionTransformer
 from .engine import TrainResult, train
 from .evaluation import calibrate_model, evaluate, write_eval
-from .model import VisionTransformer
-from .model_card import prepare_upload
 from .progress import Hooks, StepInfo
 from .recipe import Recipe, RecipeError
 from .run_folder import commit
@@ -136,7 +136,7 @@ def finetune_folder(
     ``image_size``: the input size to fine-tune at (None: the checkpoint's); a larger one keeps the patch size,
     so the sequence grows and the position embeddings are interpolated (paper section 3.2). ``val_fraction``:
     the share of each class held out for the validation accuracy and the calibration. ``overrides``: other
-    recipe keys (``vit_core.recipe.Recipe``). ``overwrite``: write into a folder that is not empty.
+    recipe keys (``vit_core.training.recipe.Recipe``). ``overwrite``: write into a folder that is not empty.
     ``on_progress`` and ``should_stop`` are called in this thread, from the training loop."""
     t0 = time.time()
     out = Path(out)
@@ -189,7 +189,7 @@ def finish_run(
 ) -> dict[str, Any]:
     """After a run with ``val_fraction``: with ``calibrate``, fit the model's temperature (image and mirror) and
     its Mahalanobis "none of my classes" detector on the held-out images (the statistics from the training
-    images, without augmentation), store them (``checkpoint.write_calibration``) and evaluate the held-out images
+    images, without augmentation), store them (``calibration_file.write_calibration``) and evaluate the held-out images
     as ``predict`` answers (``eval_held-out_flip.json``); then write the model card ``README.md``. Returns the held-out
     ``top1``, ``temperature`` and OOD ``threshold`` (empty without ``calibrate``)."""
     model, measured = result.model, {}

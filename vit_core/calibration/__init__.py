@@ -11,7 +11,7 @@ bins by confidence (the top probability), and ECE = sum_m |B_m| / n * |acc(B_m) 
 diagram draws acc(B_m) against conf(B_m) (``vit_core.figures.reliability_figure``).
 
 A model's ``calibration`` attribute (a ``Calibration``, None when unknown) holds its temperature (None when
-none could be fitted) and, for "none of my classes", an ``OODDetector`` (``vit_core.ood``); ``checkpoint``
+none could be fitted) and, for "none of my classes", an ``OODDetector`` (``vit_core.calibration.ood``); ``checkpoint``
 stores both with the weights (``config.json`` "calibration", ``ood.safetensors``). ``predict`` is the one call
 that turns images into what the library returns: calibrated probabilities and, where the model has a detector,
 an OOD score and decision. Models without a temperature get today's softmax (T = 1), without a detector no
