@@ -2,13 +2,13 @@
 
     python -m bench.app_budget [--model PATH_OR_REPO] [--device cpu|cuda] [--repeats 20]
 
-Each copy of ``examples/cat_chelsea.jpg`` (451x300, a JPEG with its corner changed so that nothing is cached) goes through
-the same functions ``webapp.tabs.classify.answer`` calls, in its order, each step timed on its own (the device
-synchronised after each): reading the upload (bytes, SHA-256, header), decoding, preprocessing (resize, crop,
-normalise), the model's views (``calibration.predict``: the views the model was calibrated for, with their
-attentions and the OOD score), the default map (``analysis.relevance``), drawing the overlay with its colour bar
-(``render.map_on_image``) and encoding it as Gradio does (WebP). A plain forward pass of one view is timed too,
-for the cost of one view. ``python -m bench.bench_app`` prints this table beside its end-to-end times, and the
+Each copy of ``examples/cat_chelsea.jpg`` (451x300, a JPEG with its corner changed so that nothing is cached)
+goes through the same functions ``webapp.tabs.classify.answer`` calls, in its order, each step timed on its own
+(the device synchronised after each): reading the upload (bytes, SHA-256, header), decoding, preprocessing
+(resize, crop, normalise), the model's views (``calibration.predict``: the views the model was calibrated for,
+with their attentions and the OOD score), the default map (``analysis.relevance``), drawing the overlay with its
+colour bar (``render.map_on_image``) and encoding it as Gradio does. A plain forward pass of one view is timed
+too, for the cost of one view. ``python -m bench.bench_app`` prints this table beside its end-to-end times, and the
 share left over there (end to end minus these steps) is Gradio's: upload, queue, events, download.
 """
 

@@ -9,8 +9,9 @@ dogs in 6 copies each and the five new classes in 10 (about as many images of ea
 ants and bees as outliers at weight 0.1, 2 epochs at 15% of stage 1's peak learning rate, the CNN trained too, and
 the loss held to the bundle's own answers on the images it gets right (``distill``): the bundle is the teacher, so
 airplane, ship and truck, which have no photos, keep what it knew, and a third of CIFAR-10 an epoch is enough to
-hold it (the whole of it would triple the time, 30 minutes on two cores). Chosen on a held-out 20% of the photo ``train`` splits (``bench.photo_split``) and
-CIFAR-10's held-out training images; the attempts and their numbers are in ``train/recipes/README.md``. Then
+hold it (the whole of it would triple the time). Checked on a held-out 20% of the photo ``train`` splits
+(``bench.photo_split``) and CIFAR-10's held-out training images before shipping; the attempts and their numbers are
+in ``train/recipes/README.md``. Then
 ``python -m train calibrate --model runs/cifar10_speedrun_photos7 --tta flip-translate --keep 0.90``: the recipe's
 photos join the "none of my classes" statistics.
 """
