@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import gradio as gr
@@ -65,8 +66,9 @@ class Request:
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
 
-    @property
+    @cached_property
     def settings(self) -> MapSettings:
+        """The request's map settings, read from its values once."""
         return MapSettings.of(self.values)
 
     def report(self, fraction: float, desc: str) -> None:
