@@ -41,6 +41,9 @@ from webapp.sessions import Sessions
 from webapp.tabs import batch, classify, compare, explore, inspect, train
 from webapp.ui import picker
 from webapp.ui.context import Context
+from webapp.ui.controls import Controls
+from webapp.ui.endpoints import Page
+from webapp.ui.wiring import wire
 
 TABS = (classify, explore, compare, batch, inspect, train)  # the page's tabs, in order: each a module (``webapp.tabs``)
 QUEUE_SIZE = 64  # requests waiting at once, all clients together
@@ -90,20 +93,25 @@ footer .show-api-divider { display: block !important; }
 
 
 def build_ui(ctx: Context) -> gr.Blocks:
-    """The page: the model picker, then a tab for each module of ``TABS``, starting on the startup model."""
+    """The page: the model picker and the shared image controls, then a tab for each module of ``TABS``, each
+    wired from what it declares (``webapp.ui.wiring``), starting on the startup model."""
     with gr.Blocks(title="Vision Transformer: where did it look?", delete_cache=DELETE_CACHE) as demo:
         gr.Markdown(
             "## Where did the Vision Transformer look?\n"
             "Classify an image, see which patches the prediction drew on, click a patch to see where it "
             "attends, and score each explanation."
         )
-        page = picker.Page(picker.build(ctx))
+        chosen = picker.build(ctx)
+        page = Page(chosen, Controls.create(chosen.model, ctx.default_method.title))
+        fitted = []
         # short tab names (one row on a 390-px phone); wrapped rather than hidden behind a "more" menu if not
         with gr.Tabs(overflow_behavior="wrap"):
             for tab in TABS:
                 with gr.Tab(tab.TITLE):
-                    page.built[tab] = tab.build(ctx, page)
-        picker.connect(ctx, page.picker, demo, page.fitted())
+                    declared = tab.build(ctx, page)
+                    wire(ctx, declared)  # its hidden ticket inputs within its tab
+                fitted += [declared.fitted] if declared.fitted is not None else []
+        picker.connect(ctx, chosen, demo, fitted)
     return demo
 
 

@@ -35,6 +35,7 @@ from webapp.catalog import ROOT
 from webapp.settings import PREDICTED
 from webapp.tabs import classify, explore
 from webapp.ui.context import Context
+from webapp.ui.endpoints import Request
 
 PHOTO = ROOT / "examples" / "cat_chelsea.jpg"
 
@@ -58,8 +59,9 @@ def _report(title: str, times: dict[str, list[float]]) -> None:
 
 def _click(ctx: Context, image: str, choice: str, click: SimpleNamespace) -> tuple:
     """A click on the explorer's picture as the page handles it: the point, then the maps and the picture."""
-    x, y = explore.point(ctx, image, choice, None, click, None)
-    return explore.redraw(ctx, image, choice, x, y, -1, "mean", "mean", 0.0, 0.5, None, None)
+    subject = {"image": image, "model_choice": choice}
+    x, y = explore.point(ctx, Request(subject, event=click))
+    return explore.redraw(ctx, Request({**subject, "x": x, "y": y}))
 
 
 def _in_process(ctx: Context, fresh: list[str], same: str, repeats: int) -> dict[str, list[float]]:

@@ -10,9 +10,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
+import gradio as gr
 import pytest
 import torch
 
@@ -22,10 +25,12 @@ from vit_core.data import ImageHeader, build_transform
 from webapp import admission, analysis, archives, estimates
 from webapp.admission import MB, Busy, Gate, rss
 from webapp.catalog import BUNDLED
-from webapp.settings import PREDICTED
+from webapp.settings import MapSettings
 from webapp.tabs import batch, classify
 from webapp.tabs import inspect as inspect_tab
-from webapp.ui import fresh
+from webapp.ui import wiring
+from webapp.ui.context import Context
+from webapp.ui.endpoints import Tab
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,13 +144,16 @@ def test_the_estimate_follows_the_image_the_model_and_the_tab():
     assert big.decode_bytes(analysis.MAX_SIDE, need) == 4 * 7063 * 7063 + 28 * 2048 * 2048
     # a small photo: what follows the decode, the picture drawn and the model
     assert estimates.image_bytes(small, tf, classify.DRAW_BYTES, 5 * MB) == (4 + 36) * 451 * 300 + 5 * MB
-    # a request about a real upload: its bytes (read once), then the decode or what follows it
+    # a request about a real upload: its bytes (read once), then, this photo's decode being the smaller part, the
+    # reduced image (4 bytes a pixel) and Classify's pictures (36) beside the model
     photo = ROOT / "examples" / "cat_chelsea.jpg"
-    header = vit_core.data.read_header(photo)
     cfg = model.config
-    work = estimates.analysis_bytes(cfg) + estimates.map_bytes(cfg, methods.ATTNLRP)  # the default map
-    expected = estimates.REQUEST_BYTES + photo.stat().st_size + estimates.image_bytes(header, tf, 36, work)
-    assert classify.estimate(ctx, {"image": str(photo), "model_choice": "bundled"}) == expected
+    raw = {"model_choice": "bundled", "method": methods.RAW.title}
+    with_photo, without = classify.estimate(ctx, {**raw, "image": str(photo)}), classify.estimate(ctx, raw)
+    assert with_photo - without == photo.stat().st_size + (4 + 36) * 451 * 300
+    # no method: the server's default map, AttnLRP here, whose backward pass keeps 6 forward passes' activations
+    default = classify.estimate(ctx, {"image": str(photo), "model_choice": "bundled"})
+    assert default - with_photo == 6 * vit_core.models.cost.activation_bytes(cfg)
     # a RISE map costs 64 masked images through the model; raw attention none beyond the analysis
     rise, raw = (
         classify.estimate(ctx, {"model_choice": "bundled", "method": m.title}) for m in (methods.RISE, methods.RAW)
@@ -153,8 +161,8 @@ def test_the_estimate_follows_the_image_the_model_and_the_tab():
     assert rise - raw == estimates.forward_bytes(cfg, 64, attention=False) + 4 * 500 * 32 * 32
     gpu = estimating(model, tf, torch.device("cuda"))  # the model's memory is the GPU's
     assert classify.estimate(gpu, {"model_choice": "bundled", "method": methods.RISE.title}) == estimates.REQUEST_BYTES
-    b16 = vit_core.get_config("vit_base_patch16_224")
-    assert estimates.forward_bytes(b16, 1) == vit_core.models.cost.activation_bytes(b16)
+    b16 = vit_core.get_config("vit_base_patch16_224")  # 12 layers of 12 heads, 197 tokens
+    assert estimates.forward_bytes(b16, 1) - estimates.forward_bytes(b16, 1, attention=False) == 4 * 144 * 197 * 197
     # a batch: its decoding bounded by batch.MAX_DECODE_BYTES whatever it holds, the gallery, and one chunk:
     # gradient rollout runs 4 images per backward pass, rollout 16 per forward pass
     gallery = archives.MAX_IMAGES * 4 * batch.THUMB * batch.THUMB
@@ -163,40 +171,83 @@ def test_the_estimate_follows_the_image_the_model_and_the_tab():
     for method, chunk in ((methods.GRADIENT, 6 * 4), (methods.ROLLOUT, 2 * 16)):
         want = base + chunk * estimates.forward_bytes(b16, 1)
         assert batch.estimate(vit_b, {"model_choice": "bundled", "method": method.title}) == want
-    # a model that is not loaded: the request fails at once and costs little
-    assert estimates.request_only(ctx, {}) == inspect_tab.estimate(ctx, {"model_choice": "other"})
-    assert inspect_tab.estimate(ctx, {"model_choice": "other"}) == estimates.REQUEST_BYTES
+    # a model that is not loaded: the request fails at once and costs little, whatever it asks
+    rise = {"model_choice": "other", "method": methods.RISE.title}
+    assert classify.estimate(ctx, rise) == inspect_tab.estimate(ctx, rise) == estimates.REQUEST_BYTES == 48 * MB
+    assert inspect_tab.estimate(ctx, {"model_choice": "bundled"}) > estimates.REQUEST_BYTES
 
 
-def test_every_compute_listener_is_gated_and_in_one_concurrency_group():
-    """The API's listeners pass the gate before they run; the page's hold it inside ``fresh.answer`` (after their
-    ticket: see ``tests/test_webapp.py``), which every page request must pass it to: here Classify's, refused for
-    memory, says so in place of its results."""
+class Counting(Gate):
+    """A gate that admits nothing and counts the requests that asked it."""
+
+    def __init__(self) -> None:
+        super().__init__(max_memory=1)
+        self.asked = 0
+
+    @contextmanager
+    def held(self, cost: int) -> Iterator[None]:
+        self.asked += 1
+        with super().held(cost):
+            yield
+
+
+def _declared(monkeypatch) -> tuple[Context, gr.Blocks, list[Tab]]:
+    """The app's page, and what each of its tabs declared (``app.TABS``, as ``app.build_ui`` wires them)."""
     import app
 
-    ctx = app.setup("bundled")
-    ctx.gate = Gate()
-    demo = app.build_ui(ctx)
-    compute = {fn.api_name: fn for fn in demo.fns.values() if fn.concurrency_id == admission.COMPUTE}
-    api = {"classify", "explore", "compare", "batch", "inspect"}  # each tab's endpoint, and the page's events:
-    page = {"classify_page", "classify_new", "explore_picture", "explore_point", "explore_clicked", "explore_page"}
-    page |= {"compare_page", "batch_page", "batch_new", "inspect_page"}
-    assert sorted(compute) == sorted(api | page)
-    # every other queued event is the picker's (gated, outside the group: a choice, and the page's load, which
-    # marks the models that cannot load now) or the Train tab's (its job holds the gate while its process trains,
-    # for minutes: a compute slot would stop Classify); the rest clear outputs
-    others = [fn for fn in demo.fns.values() if fn.concurrency_id != admission.COMPUTE and fn.queue is not False]
-    allowed = ("on_change", "on_load", "train", "cancel", "push")
-    assert others and all(fn.name in allowed for fn in others), [fn.name for fn in others]
-    gated = {fn.api_name or fn.name for fn in demo.fns.values() if getattr(fn.fn, "__wrapped__", None) is not None}
-    assert gated >= api | {"on_change", "on_load"} and not gated & page
-    assert "held" in inspect.signature(fresh.answer).parameters  # required: no page request without the gate
+    declared: list[Tab] = []
 
-    ctx.gate = Gate(max_memory=1)  # nothing fits
-    image = str(ROOT / "examples" / "cat_chelsea.jpg")
-    show = compute["classify_page"].fn
-    labels, overlay, _, verdict, _ = show(
-        image, "bundled", "AttnLRP", PREDICTED, 1, "mean", "mean", 0.0, 0.5, 5, None, request=None
+    def recording(ctx: Context, tab: Tab) -> None:
+        declared.append(tab)
+        wiring.wire(ctx, tab)
+
+    monkeypatch.setattr(app, "wire", recording)
+    ctx = app.setup("bundled")
+    ctx.gate = Counting()
+    demo = app.build_ui(ctx)
+    assert len(declared) == len(app.TABS) == 6
+    return ctx, demo, declared
+
+
+def _page_arguments(fn: gr.blocks.BlockFunction) -> dict:
+    """Values for every input of a page event: the example photo, the bundled model, a point, and each setting
+    at its API default."""
+    photo = str(ROOT / "examples" / "cat_chelsea.jpg")
+    values = {"image": analysis.Upload(photo), "files": [photo], "model_choice": "bundled", "x": 200.0, "y": 150.0}
+    values |= {name: getattr(MapSettings, name) for name in MapSettings.names()}
+    names = inspect.signature(fn.fn).parameters
+    return {n: values.get(n) for n in names if n not in ("request", "progress", "event")}
+
+
+def test_every_compute_listener_is_gated_and_in_one_concurrency_group(monkeypatch):
+    """Every endpoint a tab declares computing (its API) and every page event it declares is in the compute group;
+    the API's listeners pass the gate before they run, the page's hold it inside ``fresh.answer`` (after their
+    ticket: see ``tests/test_webapp.py``): here every one asks a gate that admits nothing, and Classify's page
+    request says so in place of its results."""
+    ctx, demo, declared = _declared(monkeypatch)
+    compute = {fn.api_name: fn for fn in demo.fns.values() if fn.concurrency_id == admission.COMPUTE}
+    api = {a.name for tab in declared for a in tab.apis if a.compute}
+    page = {e.name for tab in declared for e in tab.events}
+    assert api and page and sorted(compute) == sorted(api | page)
+    # every other queued event is the picker's (gated, outside the group: a choice, and the page's load, which
+    # marks the models that cannot load now) or one the Train tab declares outside it (its job holds the gate
+    # while its process trains, for minutes: a compute slot would stop Classify); the rest clear outputs
+    own = {a.name for tab in declared for a in tab.apis if not a.compute} | {"on_change", "on_load"}
+    others = {fn.api_name for fn in demo.fns.values() if fn.concurrency_id != admission.COMPUTE and fn.queue}
+    assert others == own
+    for name in sorted(api):  # refused before they run: called without arguments, they never get to need them
+        with pytest.raises(Busy):
+            compute[name].fn()
+    assert ctx.gate.asked == len(api)
+    for name in sorted(page):
+        fn, asked = compute[name], ctx.gate.asked
+        event = SimpleNamespace(index=(100, 100))  # a click, for the events that take one
+        extra = {"event": event} if "event" in inspect.signature(fn.fn).parameters else {}
+        fn.fn(**_page_arguments(fn), request=None, **extra)
+        assert ctx.gate.asked == asked + 1, name
+
+    labels, overlay, _, verdict, _ = compute["classify_page"].fn(
+        **_page_arguments(compute["classify_page"]), request=None
     )
     assert verdict["value"].startswith("⚠️ This request needs about ") and labels is None and overlay is None
 

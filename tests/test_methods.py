@@ -30,6 +30,7 @@ from webapp.options import Options
 from webapp.settings import parse_settings
 from webapp.tabs import batch, classify, compare
 from webapp.ui.context import Context
+from webapp.ui.endpoints import Request
 
 CPU = torch.device("cpu")
 NAMES = ("plane", "car", "bird", "cat", "deer")
@@ -157,10 +158,10 @@ def test_classify_draws_each_methods_own_map(ctx, photo):
 def test_the_compute_time_says_what_it_covered(ctx, photo):
     """A new image: decode, model and map; another model-running map of it, or one drawn from its cached
     attentions: the map only; a map asked for before: the cache, which it says rather than "computed in"."""
-    choice, settings = ctx.models.default, ("(predicted class)", -1, "mean", "mean", 0.0, 0.5, 5)
+    choice = ctx.models.default
 
     def covered(method: methods.Method) -> str:
-        return classify.answer(ctx, photo, choice, (method.title, *settings), lambda *a, **k: None)[-1]
+        return classify.answer(ctx, Request({"image": photo, "model_choice": choice, "method": method.title}))[-1]
 
     assert covered(methods.ATTNLRP) == classify.NEW
     assert covered(methods.CHEFER) == classify.MAP_ONLY

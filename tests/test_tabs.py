@@ -1,13 +1,14 @@
 """The app's tabs as modules (``webapp.tabs``): a tab added as one module and one entry of ``app.TABS`` is built,
 gated with its own estimate and served; every tab decodes an upload the same way (a large photo gets the same
 numbers from Classify, Batch, the API and ``vit_core.calibration.predict``); one Classify request reads its
-upload once and passes through at most 8 of the app's modules; a repeated change of image sends no second
+upload once and passes through at most 10 of the app's modules; a repeated change of image sends no second
 request; ``--default-method``, the LRP notice, and the API page's plain-text descriptions."""
 
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import io
 import sys
 import types
@@ -25,15 +26,18 @@ from vit_core import methods
 from vit_core.calibration import predict
 from vit_core.data import load_image
 from webapp import options
-from webapp.admission import Gate, rss
+from webapp.admission import COMPUTE, Gate, rss
 from webapp.analysis import Analysis, Upload
 from webapp.catalog import ROOT
 from webapp.settings import PREDICTED
 from webapp.tabs import batch, classify
 from webapp.ui import fresh
 from webapp.ui.context import Context
+from webapp.ui.endpoints import Api, Page, Request, Tab, api
+from webapp.ui.inputs import ImageUpload
 
 from .net import free_port
+from .test_docs import code_blocks
 
 APP_FILES = [ROOT / "app.py", ROOT / "webapp"]
 
@@ -58,10 +62,14 @@ def large_photo(tmp_path_factory) -> Path:
 SEEN: list[dict] = []
 
 
-def echo(ctx: Context, image: Upload | None, model_choice: str) -> str:
+def _echo(ctx: Context, request: Request) -> str:
     """The dummy tab's API: the upload's size and the model's classes."""
-    model, _ = ctx.models.get(model_choice)
-    return f"{image.header.size[0]}x{image.header.size[1]}, {model.config.num_classes} classes"
+    model, _ = ctx.models.get(request["model_choice"])
+    size = request["image"].header.size
+    return f"{size[0]}x{size[1]}, {model.config.num_classes} classes"
+
+
+echo = api(_echo, ("image", "model_choice"))
 
 
 def estimate(ctx: Context, arguments: dict) -> int:
@@ -69,10 +77,9 @@ def estimate(ctx: Context, arguments: dict) -> int:
     return DUMMY.need
 
 
-def build(ctx: Context, page) -> None:
-    shared = page.tab(classify)
+def build(ctx: Context, page: Page) -> Tab:
     out = gr.Textbox(label="Echo")
-    gr.on([], ctx.handler(echo, estimate), [shared.image, page.picker.choice], out, api_name="dummy")
+    return Tab(apis=[Api("dummy", echo, [page.controls.image, page.picker.choice], [out], estimate)])
 
 
 DUMMY = types.ModuleType("dummy_tab")
@@ -111,9 +118,7 @@ def test_a_large_photo_gets_the_same_numbers_from_classify_batch_the_api_and_pre
     names = model.class_names
 
     labels, _, _, _, _, ood = classify.classify(ctx, str(large_photo), choice, top_k=10)  # the API's handler
-    page = classify.show(
-        ctx, Upload(str(large_photo)), choice, None, PREDICTED, 1, "mean", "mean", 0.0, 0.5, 10, None, None
-    )
+    page = classify.show(ctx, Request({"image": Upload(str(large_photo)), "model_choice": choice, "top_k": 10}))
     _, csv_path, _ = batch.batch(ctx, [str(large_photo)], choice, top_k=10)
     (row,) = list(csv.DictReader(io.StringIO(Path(csv_path).read_text())))
     for shown in (labels, page[0]):
@@ -124,12 +129,13 @@ def test_a_large_photo_gets_the_same_numbers_from_classify_batch_the_api_and_pre
     assert float(row["ood_score"]) == pytest.approx(score, rel=6e-4)  # 4 significant digits
 
 
-# ------------------------------------------------------------------------ one read, at most 8 app modules
+# ----------------------------------------------------------------------- one read, at most 10 app modules
 
 
 def _carries_the_image(value: object, depth: int = 0) -> bool:
-    """The upload or something made from it: its file, bytes, pixels, tensors, analysis or map."""
-    if isinstance(value, Upload | FileData | bytes | io.BytesIO | Image.Image | Analysis):
+    """The upload or something made from it: its file, bytes, pixels, tensors, analysis or map, or the request
+    that carries it."""
+    if isinstance(value, Upload | FileData | bytes | io.BytesIO | Image.Image | Analysis | Request):
         return True
     if isinstance(value, torch.Tensor):
         return not isinstance(value, torch.nn.Parameter)
@@ -139,15 +145,17 @@ def _carries_the_image(value: object, depth: int = 0) -> bool:
     return False
 
 
-def test_one_classify_request_reads_its_upload_once_and_passes_through_at_most_8_app_modules(ctx, tmp_path):
-    """The page's Classify request (the upload component, then ``show`` behind the memory gate) on a photo the
+def test_one_classify_request_reads_its_upload_once_and_passes_through_at_most_10_app_modules(ctx, tmp_path):
+    """The page's Classify request (the upload component, then the page's handler: ticketed, behind the memory
+    gate, ``show``) on a photo the
     server has not seen: the file is opened once (its header, digest and pixels come from that read), and the
-    image or what is made from it (pixels, tensors, the map, the overlay) passes through at most 8 of the app's
+    image or what is made from it (pixels, tensors, the map, the overlay) passes through at most 10 of the app's
     modules (``docs/ARCHITECTURE.md`` draws the path)."""
     photo = tmp_path / "new_cat.png"
     Image.open(ROOT / "examples" / "cat_chelsea.jpg").save(photo)  # other bytes: not in the analysis cache
     ctx = Context(ctx.models, gate=Gate(max_memory=rss() + (2 << 30)))
-    component = classify.ImageUpload(type="filepath")
+    component = ImageUpload(type="filepath")
+    (page_request,) = [fn.fn for fn in app.build_ui(ctx).fns.values() if fn.api_name == "classify_page"]
     opened, modules = [], set()
     tracing = [False]
 
@@ -166,15 +174,17 @@ def test_one_classify_request_reads_its_upload_once_and_passes_through_at_most_8
     sys.setprofile(profile)
     try:
         image = component.preprocess(FileData(path=str(photo), orig_name="new_cat.png"))
-        settings = (None, PREDICTED, 1, "mean", "mean", 0.0, 0.5, 5, None, None)
-        labels, overlay, note, *_ = classify.show(ctx, image, ctx.models.default, *settings)
+        settings = dict(method=None, target=PREDICTED, layer=1, head="mean", head_fusion="mean", discard_ratio=0.0)
+        labels, overlay, note, *_ = page_request(
+            image, ctx.models.default, **settings, opacity=0.5, top_k=5, ticket=None, request=None
+        )
     finally:
         sys.setprofile(None)
         tracing[0] = False
     assert "cat" in labels and overlay is not None and note.startswith("Computed in")
     assert len(opened) == 1, opened
     print(sorted(modules))
-    assert len(modules) <= 8, "\n".join(sorted(modules))
+    assert len(modules) <= 10, "\n".join(sorted(modules))
 
 
 # ------------------------------------------------------------------------------------ the page's events
@@ -244,3 +254,32 @@ def test_the_api_page_describes_each_endpoint_in_plain_text(ctx):
     for name in ("/classify", "/explore", "/compare", "/batch", "/inspect"):
         description = endpoints[name]["description"]
         assert description and "`" not in description and "``" not in description, (name, description)
+
+
+# ------------------------------------------------------------------------ the tab docs/extending.md adds
+
+
+def test_the_tab_docs_extending_md_adds_is_built_wired_and_served(ctx, monkeypatch, tmp_path):
+    """docs/extending.md's "A tab", followed: its module (the block marked ``docs-test: tab``) saved as a module of
+    ``webapp.tabs`` and added to ``app.TABS`` is laid out, its page event wired in the compute group, and its
+    endpoint answers through ``gradio_client``; the page fails here when it drifts from the code."""
+    (code,) = [code for _, marker, code in code_blocks("python") if marker == "tab"]
+    path = tmp_path / "size.py"
+    path.write_text(code)
+    spec = importlib.util.spec_from_file_location("webapp.tabs.size", path)
+    size = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(size)
+    monkeypatch.setattr(app, "TABS", (*app.TABS, size))
+    demo = app.build_ui(ctx)
+    assert [b.label for b in demo.blocks.values() if isinstance(b, gr.Tab)][-1] == "Size"
+    (page,) = [fn for fn in demo.fns.values() if fn.api_name == "size_page"]
+    cat = ROOT / "examples" / "cat_chelsea.jpg"
+    assert page.concurrency_id == COMPUTE
+    assert page.fn(Upload(str(cat)), ctx.models.default, ticket=None, request=None) == "451x300, 10 classes"
+    demo.queue().launch(server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(demo.local_url, verbose=False)
+        answer = client.predict(handle_file(str(cat)), ctx.models.default, api_name="/size")
+        assert answer == "451x300, 10 classes"
+    finally:
+        demo.close()

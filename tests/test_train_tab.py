@@ -51,7 +51,7 @@ def two_classes(path: Path, per_class: int = 8) -> Path:
 def ctx(tmp_path_factory):
     """A local server's context, whose Train tab writes its run folders to a temporary folder."""
     ctx = app.setup("bundled")
-    train._TRAINERS[ctx.models] = Trainer(ctx.models, tmp_path_factory.mktemp("runs"), ttl=None)
+    ctx.trainer = Trainer(ctx.models, tmp_path_factory.mktemp("runs"), ttl=None)
     return ctx
 
 
@@ -151,6 +151,41 @@ def test_trained_model_served_to_its_session_in_public_mode_and_deleted_after_an
         models.get(trained.value)
 
 
+def _listed_on_load(ctx: Context, session: str) -> list[tuple[str, str]]:
+    """The picker's choices as a page of ``session`` that loads now gets them (the page's load event)."""
+    (load,) = [fn for fn in app.build_ui(ctx).fns.values() if fn.api_name == "on_load"]
+    *_, picker = load.fn(ctx.models.default, request=types.SimpleNamespace(session_hash=session))
+    return [tuple(c) for c in (picker["choices"] if isinstance(picker, dict) else picker.choices)]
+
+
+def _trained_copy(trainer: Trainer, models, session: str) -> tuple:
+    """A run folder for ``session``: a copy of the app's model, registered as trained on two classes."""
+    job = trainer.start(session, minutes=1)
+    job.out.mkdir()
+    for path in models.folder_of(models.default).iterdir():
+        if path.is_file():
+            (job.out / path.name).write_bytes(path.read_bytes())
+    trained = trainer.register(job, ["ants", "bees"])
+    trainer.finish(job)
+    return trained
+
+
+def test_a_page_that_loads_after_training_lists_the_trained_model_by_its_label(ctx, public_ctx):
+    """Locally every page that loads after a training lists its model, under a readable label (not its token);
+    a public server lists it for the session that trained it only. Recorded once: what the access rules serve,
+    the picker lists and the trainer sweeps is the one registry, ``Models.trained``."""
+    trained = _trained_copy(ctx.trainer, ctx.models, "trainer's page")
+    assert trained.label.startswith("Trained here at ") and trained.label.endswith(": ants, bees")
+    assert (trained.label, trained.value) in _listed_on_load(ctx, "a page opened later")
+    assert ctx.models.access.resolve(trained.value).label == trained.label
+    public = Trainer(public_ctx.models, None, ttl=3600)
+    mine = _trained_copy(public, public_ctx.models, "visitor")
+    assert (mine.label, mine.value) in _listed_on_load(public_ctx, "visitor")
+    assert mine.value not in [v for _, v in _listed_on_load(public_ctx, "someone else")]
+    public_ctx.models.forget(mine.value)
+    assert public_ctx.models.trained.get(mine.value) is None and not public.of_session("visitor")
+
+
 def test_public_server_refuses_to_push(public_ctx):
     with pytest.raises(gr.Error, match="does not push"):
         train.push(public_ctx, "me/model", "hf_token")
@@ -184,12 +219,12 @@ def test_a_short_run_trains_calibrates_and_serves_a_model_of_the_zip_classes(ctx
 def test_the_job_holds_its_estimate_in_the_memory_gate(ctx, tmp_path):
     """A server whose budget cannot hold the training process refuses the job before it starts one, and
     frees the slot for the next."""
-    small = Context(ctx.models, gate=Gate(max_memory=rss() + train.WORKER_BYTES // 2, max_wait=0))
+    small = Context(ctx.models, gate=Gate(max_memory=rss() + train.WORKER_BYTES // 2, max_wait=0), trainer=ctx.trainer)
     photos = str(two_classes(tmp_path / "p.zip"))
     with pytest.raises(Busy):
         list(train.train(small, photos, ctx.models.default, 0.1, False, types.SimpleNamespace(session_hash="g")))
     assert train.estimate(ctx, {"model_choice": ctx.models.default}) > train.WORKER_BYTES
-    train.trainer_of(small).finish(train.trainer_of(small).start("next", 1))
+    ctx.trainer.finish(ctx.trainer.start("next", 1))
 
 
 def test_cancel_stops_the_run_and_keeps_the_model_as_it_was(ctx, tmp_path):

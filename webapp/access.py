@@ -21,6 +21,7 @@ from vit_core.io.hub import HUB_ID
 
 from .catalog import BUNDLED, BUNDLED_LABEL, CURATED, ROOT, run_folders
 from .errors import quote
+from .trained import Trained, TrainedModels
 
 PUBLIC_ROOTS = (ROOT / "models", ROOT / "runs")  # the only local folders public mode serves
 NOT_SERVED = "This app serves only the models in its list: choose one of them."
@@ -52,6 +53,12 @@ class Choice:
 
     def relabel(self, value: str, label: str) -> Choice:
         return Choice(value, label, self.source, self.revision, self.key)
+
+
+def trained_choice(trained: Trained) -> Choice:
+    """A model trained here as the picker and the loader know it: its run folder, by its real path."""
+    real = os.path.realpath(trained.out)
+    return Choice(trained.value, trained.label, real, None, f"local:{real}")
 
 
 def parse(text: str) -> Choice | None:
@@ -123,9 +130,9 @@ class Access:
     def __init__(self, listed: list[Choice], allow_any: bool, public: bool) -> None:
         self.allow_any, self.public = allow_any, public
         self.listed: list[Choice] = []
-        # models trained here (``webapp.training``), by a value only their trainer's session knows: served to
-        # whoever sends it, in public mode too, and shown in no one else's picker
-        self.private: dict[str, Choice] = {}
+        # models trained here (``webapp.training``), by a value only their trainer's session knows on a public
+        # server: served to whoever sends it, in public mode too
+        self.trained = TrainedModels()
         for choice in listed:
             self.add(choice)
 
@@ -148,8 +155,9 @@ class Access:
         text = (text or "").strip()
         if not text:
             raise ModelError("Choose a model first.")
-        if text in self.private:
-            return self.private[text]
+        trained = self.trained.get(text)
+        if trained is not None:
+            return trained_choice(trained)
         for choice in self.listed:
             if text in (choice.value, choice.label):
                 return choice

@@ -122,6 +122,7 @@ class Gate:
             with self.held(cost(bound)):
                 return fn(*args, **kwargs)
 
+        gated.__signature__ = signature  # not one ``wraps`` copied from a bound method's function (with its ``ctx``)
         return gated
 
     @contextmanager

@@ -45,11 +45,12 @@ from vit_core.io.files import CONFIG_NAME, WEIGHTS_NAME
 from vit_core.io.hub import PICKLED_WEIGHTS_NAME
 
 from . import sizing
-from .access import Access, Choice, ModelError, default_choices, operator_choice
+from .access import Access, Choice, ModelError, default_choices, operator_choice, trained_choice
 from .catalog import AUTO, BUNDLED_LABEL, imagenet_names
 from .errors import log, public, sentence
 from .memory import release_memory
 from .options import AUTO_MODEL, Options
+from .trained import TrainedModels
 
 LOAD_WORKERS = 2  # loads of different checkpoints in parallel, per kind (local, Hub); each is within --max-model-mb
 MAX_HUB_LOADS = 4  # Hub loads running or waiting for a worker; more are refused at once
@@ -107,14 +108,16 @@ class Models:
         """Whether the picker takes free text (a folder or Hub id), or only its listed choices."""
         return self.access.allow_any
 
-    def choices(self) -> list[tuple[str, str]]:
+    def choices(self, session: str | None = None) -> list[tuple[str, str]]:
         """The picker's choices as (label, value), e.g. ("ViT-B/16 (ImageNet, 86.6M params, 346 MB,
         transformers)", "google/vit-base-patch16-224"); the startup model first, those that cannot load now last,
-        their label saying why ("... — needs the Hub: offline")."""
+        their label saying why ("... — needs the Hub: offline"); then the models trained here that the page of
+        ``session`` may see (``TrainedModels.shown_to``), by their labels ("Trained here at 10:42: ants, bees")."""
         marked = [(c, self.unavailable(c)) for c in self.access.listed]
-        return [
+        listed = [
             (f"{c.label} — {why}" if why else c.label, c.value) for c, why in sorted(marked, key=lambda m: bool(m[1]))
         ]
+        return listed + [(t.label, t.value) for t in self.trained.shown_to(session, self.options.public)]
 
     def unavailable(self, choice: Choice) -> str:
         """Why ``choice`` cannot load now, in a few words, or "" when it may: a Hub checkpoint that is not
@@ -147,23 +150,22 @@ class Models:
             return None
         return Path(c.source) if c.local and Path(c.source).is_dir() else None
 
-    def add_private(self, value: str, label: str, folder: Path) -> None:
-        """Serve the run folder ``folder`` (a model trained here) as ``value``, to whoever sends that value."""
-        real = os.path.realpath(folder)
-        with self._lock:
-            self.access.private[value] = Choice(value, label, real, None, f"local:{real}")
+    @property
+    def trained(self) -> TrainedModels:
+        """The models trained here (the access rules' registry, which resolves their values)."""
+        return self.access.trained
 
     def label_of(self, choice: str) -> str:
         """What the status line calls ``choice``: a model trained here by its label (its value is a token),
         any other as it was chosen."""
-        private = self.access.private.get(choice)
-        return choice if private is None else private.label
+        trained = self.trained.get(choice)
+        return choice if trained is None else trained.label
 
     def forget(self, value: str) -> None:
-        """Serve ``value`` (``add_private``) no longer, and unload it."""
+        """Serve the trained model ``value`` no longer, and unload it."""
+        trained = self.trained.remove(value)
         with self._lock:
-            choice = self.access.private.pop(value, None)
-            dropped = choice is not None and self._loaded.pop(choice.key, None) is not None
+            dropped = trained is not None and self._loaded.pop(trained_choice(trained).key, None) is not None
         if dropped:
             release_memory()
 

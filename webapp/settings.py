@@ -1,9 +1,11 @@
 """What a request asks a map to be drawn with, checked against the model, and which methods this server runs.
 
-Requests are untrusted: ``parse_settings`` turns a request's raw values into ``Settings`` or a ``ValueError``
-that names the bad value and the valid range. The methods are ``vit_core.methods``'s table; this server runs
-a method that needs no forward pass beyond the prediction's (the attention maps; a backward pass) for every
-model it loads, and one of many forward passes (RISE) when they fit ``MAP_BUDGET`` (``affordable``); the
+Requests are untrusted: a request's map settings are read once into ``MapSettings`` (the page's controls and the
+API's parameters alike), carried whole, and checked against the model once (``MapSettings.checked``, through
+``parse_settings``), which gives ``Settings`` or a ``ValueError`` that names the bad value and the valid range;
+``Settings`` key the analysis's cache of maps (``analysis.map_key``). The methods are ``vit_core.methods``'s table;
+this server runs a method that needs no forward pass beyond the prediction's (the attention maps; a backward pass)
+for every model it loads, and one of many forward passes (RISE) when they fit ``MAP_BUDGET`` (``affordable``); the
 default method, ``DEFAULT_METHOD`` unless the server was started with another (``--default-method``), is one it
 always runs. The methods built on LRP carry the notice of its authors (``LRP_NOTICE``).
 """
@@ -11,8 +13,8 @@ always runs. The methods built on LRP carry the notice of its authors (``LRP_NOT
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -187,3 +189,41 @@ def parse_settings(
         discard_ratio=_unit(discard_ratio, "discard ratio", 0.99),
         opacity=_unit(opacity, "opacity", 1.0),
     )
+
+
+@dataclass(frozen=True)
+class MapSettings:
+    """A request's map settings as sent (the page's controls or the API's parameters, by the API's names): read
+    once, carried whole from the handler to the map, and checked once, against the model the request uses
+    (``checked``). The defaults are the API's."""
+
+    method: str | None = None  # a title of ``vit_core.methods``'s table; None: the server's default
+    target: str | None = PREDICTED
+    layer: object = -1
+    head: object = "mean"
+    head_fusion: str = "mean"
+    discard_ratio: object = 0.0
+    opacity: object = 0.5
+    top_k: object = 5
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The settings' names: the API parameters (and page inputs) they are read from."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def of(cls, values: Mapping[str, object]) -> MapSettings:
+        """The settings among a request's ``values`` (by name); those it does not send at their defaults."""
+        return cls(**{name: values[name] for name in cls.names() if name in values})
+
+    def checked(self, model: VisionTransformer, default: Method | None = None) -> Settings:
+        """The settings checked against ``model`` (``parse_settings``); no method: ``default``, else the table's
+        first (a request that draws every method)."""
+        method = self.method or (default.title if default is not None else None)
+        return parse_settings(
+            model, method, self.target, self.layer, self.head, self.head_fusion, self.discard_ratio, self.opacity
+        )
+
+    def top(self, model: VisionTransformer) -> int:
+        """How many classes to list for ``model`` (``check_top_k``)."""
+        return check_top_k(self.top_k, model.config.num_classes)

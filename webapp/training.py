@@ -3,9 +3,11 @@
 session that trained them and, on a public server, deleted after an hour.
 
 ``Trainer.start`` takes the server's one job slot, or refuses with when to try again; ``run`` streams the
-process's progress reports; ``register`` serves the run folder under a value of its own (``Models.add_private``)
-that only the training session is told, so a public server (which loads no local path it is sent) loads it for
-that visitor and no one else; ``sweep`` deletes what is older than ``ttl`` (the clock is injectable for tests).
+process's progress reports; ``register`` records the run folder under a value of its own in the server's one
+registry of trained models (``webapp.trained``, which the model registry owns), a value that on a public server
+only the training session is told, so that it (which loads no local path it is sent) loads it for that visitor
+and no one else; ``sweep`` deletes what is older than ``ttl`` (the clock is injectable for tests). The server's
+``Trainer`` is its context's (``Context.trainer``, made by ``Trainer.for_server``).
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from .catalog import ROOT
 from .errors import log
 from .models import Models
+from .trained import PRIVATE_PREFIX, Trained
 
-PRIVATE_PREFIX = "trained:"  # the picker value of a model trained here: the prefix, then a random token
+TTL_S = 3600.0  # a public server keeps a visitor's trained model this long
 GRACE_S = 180.0  # beyond its budget, a job may take this long (start, decoding, calibration) before it is killed
 SWEEP_EVERY_S = 300.0
 ZIP_SKIPPED = {"checkpoint.pt"}  # the optimizer's state: twice the model, and of no use to a download
@@ -63,15 +67,6 @@ class Job:
         self.stop_file.touch()
 
 
-@dataclass(frozen=True)
-class Trained:
-    value: str  # the picker value
-    label: str
-    out: Path  # the run folder
-    session: str
-    created: float
-
-
 class Trainer:
     """The server's training slot and its trained models (see the module's docstring). ``runs``: where run
     folders go (None: a temporary folder, deleted with the model); ``ttl``: seconds a trained model is served
@@ -87,11 +82,21 @@ class Trainer:
     ) -> None:
         self.models, self.runs, self.ttl, self.clock = models, runs, ttl, clock
         self.threads = threads or max(1, (os.cpu_count() or 2) // 2)  # half the cores: others' requests go on
-        self.root = Path(tempfile.mkdtemp(prefix="vit-train-"))
         self._lock = threading.Lock()
         self._job: Job | None = None
-        self._trained: dict[str, Trained] = {}
         self._sweeper: threading.Thread | None = None
+
+    @classmethod
+    def for_server(cls, models: Models) -> Trainer:
+        """A server's trainer: run folders in the project's ``runs/``, kept, locally; on a public server in a
+        temporary folder, deleted after ``TTL_S``."""
+        public = models.options.public
+        return cls(models, None if public else ROOT / "runs", TTL_S if public else None)
+
+    @cached_property
+    def root(self) -> Path:
+        """The jobs' folders (made at the first job)."""
+        return Path(tempfile.mkdtemp(prefix="vit-train-"))
 
     # ------------------------------------------------------------------------ the one job slot
 
@@ -163,33 +168,26 @@ class Trainer:
     # ------------------------------------------------------------------------ the trained models
 
     def register(self, job: Job, classes: list[str]) -> Trained:
-        """Serve ``job``'s run folder to its session under a new private value."""
+        """Serve ``job``'s run folder under a new private value, with a readable label."""
         self.sweep()
         when = time.strftime("%H:%M", time.localtime(self.clock()))
         label = f"Trained here at {when}: {', '.join(classes)}"[:120]
         trained = Trained(PRIVATE_PREFIX + secrets.token_urlsafe(12), label, job.out, job.session, self.clock())
-        self.models.add_private(trained.value, trained.label, trained.out)
-        with self._lock:
-            self._trained[trained.value] = trained
+        self.models.trained.add(trained)
         self._start_sweeper()
         return trained
 
     def of_session(self, session: str) -> list[Trained]:
         """``session``'s trained models still served, oldest first."""
         self.sweep()
-        with self._lock:
-            return [t for t in self._trained.values() if t.session == session]
+        return self.models.trained.shown_to(session, public=True)
 
     def sweep(self) -> list[str]:
         """Delete the trained models older than ``ttl`` (unserved, unloaded, their folders removed); their
         values."""
         if self.ttl is None:
             return []
-        now = self.clock()
-        with self._lock:
-            old = [t for t in self._trained.values() if now - t.created > self.ttl]
-            for t in old:
-                del self._trained[t.value]
+        old = self.models.trained.created_before(self.clock() - self.ttl)
         for t in old:
             self.models.forget(t.value)
             shutil.rmtree(t.out.parent if t.out.parent.parent == self.root else t.out, ignore_errors=True)

@@ -1,13 +1,13 @@
-"""The app's tabs, one module each, in the page's order as ``app.TABS`` lists them. A tab module owns
+"""The app's tabs, one module each, in the page's order as ``app.TABS`` lists them; no tab imports another. A tab
+module owns
 
-- ``TITLE``, its name on the page, and ``build(ctx, page)``: its components and events (compute ones in the
-  ``admission.COMPUTE`` group), returning what other tabs may share (``page.tab(module)``) or a
-  ``picker.Fitted`` whose controls follow the loaded model;
-- its handlers: the API's (``/classify``..., events of their own that raise their errors) and the page's
-  (``show``..., through ``webapp.ui.fresh``: errors in place, stale answers dropped), each taking the
-  ``Context`` first;
-- its computation, and its ``estimate`` of a request's memory (``webapp.estimates``'s parts), which it hands to
-  the memory gate with its handlers (``Context.handler``, ``Context.held``).
+- ``TITLE``, its name on the page, and ``build(ctx, page)``: its layout (reading the page's shared image and map
+  settings, ``page.controls``, and the picker, ``page.picker``), returning a ``webapp.ui.endpoints.Tab`` that
+  declares its endpoints: the API's (``/classify``..., made by ``endpoints.api`` from its computation), the
+  page's requests (their computation, outputs, what the outputs show when cleared or failed), each with its
+  ``estimate`` of a request's memory (``webapp.estimates``'s parts);
+- its computation, on a ``Request`` (the values by name, their ``MapSettings``).
 
-Adding a tab is one module with these and one entry in ``app.TABS``.
+``webapp.ui.wiring`` makes every handler and event from the declarations (gated, ticketed: ``webapp.ui.fresh``).
+Adding a tab is one module with these and one entry in ``app.TABS`` (``docs/extending.md``).
 """

@@ -28,18 +28,15 @@ from vit_core.calibration import predict
 from vit_core.data import ImageDataError, ImageTransform
 
 from .. import estimates, render
-from ..admission import COMPUTE
 from ..analysis import MAX_SIDE, autocast, decode, needed_side, read_upload_header
 from ..archives import MAX_IMAGES, Item, read_uploads
-from ..catalog import BUNDLED_LABEL
 from ..errors import user_errors
 from ..model_info import UNSURE_BELOW, verdict
-from ..settings import Settings, check_top_k, legend, lrp_based, lrp_notice, parse_settings
-from ..ui import fresh
+from ..settings import Settings, legend, lrp_based, lrp_notice
 from ..ui.context import Context
+from ..ui.controls import tiles
+from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api, problem_last
 from ..ui.inputs import CheckedRadio, Uploads
-from ..ui.picker import Page
-from . import classify
 
 TITLE = "Batch"
 MAX_DECODED_PIXELS = 400_000_000  # pixels decoded per batch: eight 50 MP PNGs, or dozens of large JPEGs
@@ -55,21 +52,12 @@ def batchable() -> list[methods.Method]:
     return [m for m in methods.METHODS if m.batchable]
 
 
-@user_errors
-def batch(
-    ctx: Context,
-    files: list[str] | None,
-    model_choice: str = BUNDLED_LABEL,
-    method: str = batchable()[0].title,
-    top_k: int = 5,
-    opacity: float = 0.5,
-) -> tuple[list[tuple[Image.Image, str]], str, str]:
+def _batch(ctx: Context, request: Request) -> tuple[list[tuple[Image.Image, str]], str, str]:
     """Many images (files, or zip archives of images) at once: a gallery of overlays, a CSV of each image's
     top-k predictions (downloadable), and a one-line summary. At most 64 images per batch."""
-    model, transform = ctx.models.get(model_choice)
-    s = parse_settings(model, method, opacity=opacity)
-    k = check_top_k(top_k, model.config.num_classes)
-    items, gallery = classify_batch(model, transform, files or [], s, ctx.device)
+    model, transform = ctx.models.get(request["model_choice"])
+    s, k = request.settings.checked(model), request.settings.top(model)
+    items, gallery = classify_batch(model, transform, request["files"] or [], s, ctx.device)
     path = write_csv(items, model.class_names, k)
     skipped = [i for i in items if i.probs is None]
     note = f"{len(gallery)} image(s) classified" + (f", {len(skipped)} skipped (see the CSV)" if skipped else "")
@@ -78,55 +66,19 @@ def batch(
     return gallery, str(path), f"{note}; maps: {s.method.name}"
 
 
+batch = user_errors(api(_batch, ("files", "model_choice", "method", "top_k", "opacity"), method=batchable()[0].title))
 GROUP = "batch"
 BLANK = ([], None, "")  # gallery, CSV, summary
-
-
-def show(
-    ctx: Context,
-    files: list[str] | None,
-    model_choice: str,
-    method: str,
-    top_k: int,
-    opacity: float,
-    ticket: float | None,
-    request: gr.Request,
-) -> tuple:
-    """``batch`` for the files on screen; an error in place of the summary."""
-    return fresh.answer(
-        request,
-        GROUP,
-        ticket,
-        fresh.subject_of(files, model_choice),
-        len(BLANK),
-        lambda: batch(ctx, files, model_choice, method, top_k, opacity),
-        lambda e: (*BLANK[:2], fresh.problem(e)),
-        ctx.held(estimate, files=files, model_choice=model_choice, method=method),
-    )
-
-
-def show_new(
-    ctx: Context,
-    files: list[str] | None,
-    model_choice: str,
-    method: str,
-    top_k: int,
-    opacity: float,
-    ticket: float | None,
-    request: gr.Request,
-) -> tuple:
-    """``show`` when files were chosen; nothing when they were removed."""
-    return show(ctx, files, model_choice, method, top_k, opacity, ticket, request) if files else BLANK
 
 
 def blank(files: list[str] | None) -> tuple:
     return (*BLANK[:2], "Classifying…") if files else BLANK
 
 
-def build(ctx: Context, page: Page) -> None:
+def build(ctx: Context, page: Page) -> Tab:
     """The upload, the method (the table's batchable ones), the gallery and the CSV. Top-k and opacity are the
-    Classify tab's."""
-    picker, shared = page.picker, page.tab(classify)
+    page's (``Controls``)."""
+    picker, c = page.picker, page.controls
     titles = [m.title for m in batchable()]
     gr.Markdown(f"Several images, or a zip archive of images (at most {MAX_IMAGES}).")
     files = Uploads(
@@ -138,31 +90,28 @@ def build(ctx: Context, page: Page) -> None:
         gr.Markdown(lrp_notice(), elem_classes="notice")
     button = gr.Button("Classify all", variant="primary")
     note = gr.Textbox(label="Summary", interactive=False, elem_id="batch-note")
-    gallery = gr.Gallery(
-        label="Overlays",
-        columns=4,
-        height="auto",
-        object_fit="contain",
-        elem_id="batch-gallery",
-        elem_classes=["tiles", "phone-2-columns"],
-    )
+    gallery = tiles("Overlays", "batch-gallery")
     csv = gr.File(label="Top-k predictions (CSV)", elem_id="batch-csv")
-    inputs, outputs = [files, picker.active, method, shared.top_k, shared.opacity], [gallery, csv, note]
-    fresh.listen(
-        [button.click], ctx.handler(show, None), inputs, outputs, concurrency_id=COMPUTE, api_name="batch_page"
+    outputs = [gallery, csv, note]
+    inputs = {"files": files, "model_choice": picker.active, "method": method, **c.named("top_k", "opacity")}
+    shown = Answer(
+        _batch, estimate, inputs, outputs, problem_last(BLANK), GROUP, subject=("files", "model_choice"), ready=_chosen
     )
-    # new files are classified at once (as an image on the Classify tab); another model clears the results
-    new_files = fresh.on_change([files.change], [GROUP], [files, picker.active], blank, outputs)
-    fresh.then(new_files, ctx.handler(show_new, None), inputs, outputs, concurrency_id=COMPUTE, api_name="batch_new")
-    fresh.on_change([picker.active.change], [GROUP], [files, picker.active], lambda _: BLANK, outputs)
-    gr.on(
-        [],
-        ctx.handler(batch, estimate),
-        [files, picker.choice, method, shared.top_k, shared.opacity],
-        [gallery, csv, note],
-        api_name="batch",
-        concurrency_id=COMPUTE,
+    subject = (files, picker.active)
+    return Tab(
+        apis=[Api("batch", batch, [files, picker.choice, method, c.top_k, c.opacity], outputs, estimate)],
+        # new files are classified at once (as an image on the Classify tab); another model clears the results
+        clears=[
+            Clear("new files", [files.change], [GROUP], subject, blank, outputs),
+            Clear("new model", [picker.active.change], [GROUP], subject, lambda _: BLANK, outputs),
+        ],
+        events=[Event("batch_page", shown, triggers=[button.click]), Event("batch_new", shown, after="new files")],
     )
+
+
+def _chosen(request: Request) -> bool:
+    """Whether there are files to classify (removing them leaves the cleared results)."""
+    return bool(request["files"])
 
 
 def estimate(ctx: Context, arguments: dict) -> int:

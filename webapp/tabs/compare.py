@@ -21,30 +21,18 @@ from vit_core import explain, methods
 from vit_core.explain.faithfulness import deletion_insertion_auc
 
 from .. import estimates, render
-from ..admission import COMPUTE
-from ..analysis import Analysis, Upload, autocast, declared, explained_class, map_key, relevance
-from ..catalog import BUNDLED_LABEL
+from ..analysis import Analysis, autocast, declared, explained_class, map_key, relevance
 from ..errors import user_errors
 from ..model_info import format_ms
-from ..settings import (
-    PREDICTED,
-    Settings,
-    affordable,
-    head_name,
-    layer_name,
-    legend,
-    lrp_based,
-    lrp_notice,
-    parse_settings,
-)
-from ..ui import fresh
+from ..settings import Settings, affordable, head_name, layer_name, legend, lrp_based, lrp_notice
 from ..ui.context import Context
-from ..ui.picker import Page
-from . import classify, explore
+from ..ui.controls import tiles
+from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api, problem_last
 
 TITLE = "Compare"
 COMPARE_STEPS = 16  # deletion/insertion curve points: 2 x 17 forward passes per map, batched
 CENTRE = "Centre Gaussian (baseline: ignores the image)"
+SIDE = 320  # long side of each map's picture, in pixels
 DRAW_BYTES = 24  # 320-pixel crops of every map, a pixel of the reduced image (measured 19)
 
 
@@ -89,31 +77,19 @@ def estimate(ctx: Context, arguments: dict) -> int:
     return estimates.image_request(declared(arguments.get("image")), transform, DRAW_BYTES, work)
 
 
-@user_errors
-def compare(
-    ctx: Context,
-    image: Upload | str | None,
-    model_choice: str = BUNDLED_LABEL,
-    target: str = PREDICTED,
-    layer: int = -1,
-    head: str = "mean",
-    head_fusion: str = "mean",
-    discard_ratio: float = 0.0,
-    opacity: float = 0.5,
-    progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's idiom)
-) -> tuple[list[tuple[Image.Image, str]], list[list], str]:
+def _compare(ctx: Context, request: Request) -> tuple[list[tuple[Image.Image, str]], list[list], str]:
     """Every method's map (RISE where it fits the server's budget) and a centre-Gaussian baseline for the same
     image and class, each with its deletion AUC (lower is better) and insertion AUC (higher is better), and on
     its picture and caption the time the map took on this image."""
-    a = ctx.analysis(image, model_choice)
-    s = parse_settings(a.model, None, target, layer, head, head_fusion, discard_ratio, opacity)
-    scored = score_methods(a, s, ctx.device, lambda f, desc: progress(f, desc=desc))
+    a = ctx.analysis(request["image"], request["model_choice"])
+    s = request.settings.checked(a.model)
+    scored = score_methods(a, s, ctx.device, request.report)
     gallery, table = [], []
     for name, heat, deletion, insertion, ms in scored:
         scores = f"deletion {deletion:.3f}, insertion {insertion:.3f}"
         took = "" if ms is None else format_ms(ms)
         img = render.titled(
-            render.map_on_crop(a.shown, a.box, heat, s.opacity, explore.SIDE, "relevance"),
+            render.map_on_crop(a.shown, a.box, heat, s.opacity, SIDE, "relevance"),
             [name.split(" (")[0] + (f", {took}" if took else ""), scores],
         )
         gallery.append((render.unique(img, name), f"{name}: {scores}" + (f"; {took}" if took else "")))
@@ -123,42 +99,16 @@ def compare(
     return gallery, table, f"Maps and scores for class {target_name}; raw attention: {where}."
 
 
+SETTINGS = ("target", "layer", "head", "head_fusion", "discard_ratio", "opacity")  # the API's, in its order
+compare = user_errors(api(_compare, ("image", "model_choice", *SETTINGS), progress=True))
 GROUP = "compare"
 BLANK = ([], None, "")  # gallery, table, what is compared
 
 
-def show(
-    ctx: Context,
-    image: Upload | None,
-    model_choice: str,
-    target: str,
-    layer: int,
-    head: str,
-    head_fusion: str,
-    discard_ratio: float,
-    opacity: float,
-    ticket: float | None,
-    request: gr.Request,
-    progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's idiom)
-) -> tuple:
-    """``compare`` for what is on screen; an error in place of the text."""
-    settings = (target, layer, head, head_fusion, discard_ratio, opacity)
-    return fresh.answer(
-        request,
-        GROUP,
-        ticket,
-        fresh.subject_of(image, model_choice),
-        len(BLANK),
-        lambda: compare(ctx, image, model_choice, *settings, progress=progress),
-        lambda e: (*BLANK[:2], fresh.problem(e)),
-        ctx.held(estimate, image=image, model_choice=model_choice),
-    )
-
-
-def build(ctx: Context, page: Page) -> None:
-    """The button, the scores table and the maps. The image, class, layer, head and opacity are the Classify
-    tab's."""
-    picker, c = page.picker, page.tab(classify)
+def build(ctx: Context, page: Page) -> Tab:
+    """The button, the scores table and the maps. The image, class, layer, head and opacity are the page's
+    (``Controls``)."""
+    c = page.controls
     gr.Markdown(
         "Every map for the same image and class, each scored on this image: **deletion AUC** (pixels "
         "removed most relevant first; lower is better) and **insertion AUC** (revealed most relevant "
@@ -178,36 +128,32 @@ def build(ctx: Context, page: Page) -> None:
         max_height=2000,  # every row in sight (the default, 500 px, hides the last ones in a box of its own on phones)
         elem_id="compare-table",
     )
-    gallery = gr.Gallery(
-        label="Maps (coloured: the region the model saw)",
-        columns=4,
-        height="auto",
-        object_fit="contain",
-        elem_id="compare-gallery",
-        elem_classes=["tiles", "phone-2-columns"],
-    )
+    gallery = tiles("Maps (coloured: the region the model saw)", "compare-gallery")
     gr.Markdown(legend(methods.METHODS), elem_classes="legend", elem_id="compare-legend")
-    fresh.listen(
-        [button.click],
-        ctx.handler(show, None),
-        [c.image, picker.active, c.target, c.layer, c.head, c.head_fusion, c.discard, c.opacity],
-        [gallery, table, text],
-        concurrency_id=COMPUTE,
-        show_progress_on=[table],  # one progress bar, not one over each output
-        api_name="compare_page",
+    outputs = [gallery, table, text]
+    inputs = {"image": c.image, "model_choice": page.picker.active, **c.named(*SETTINGS)}
+    # one progress bar, not one over each output
+    shown = Answer(
+        _compare,
+        estimate,
+        inputs,
+        outputs,
+        problem_last(BLANK),
+        GROUP,
+        progress=True,
+        options={"show_progress_on": [table]},
     )
-    fresh.on_change(
-        [c.image.change, picker.active.change],
-        [GROUP],
-        [c.image, picker.active],
-        lambda _: BLANK,
-        [gallery, table, text],
-    )
-    gr.on(
-        [],
-        ctx.handler(compare, estimate),
-        [c.image, picker.choice, c.target, c.api_layer, c.head, c.head_fusion, c.discard, c.opacity],
-        [gallery, table, text],
-        api_name="compare",
-        concurrency_id=COMPUTE,
+    changes = [c.image.change, page.picker.active.change]
+    return Tab(
+        apis=[
+            Api(
+                "compare",
+                compare,
+                [c.image, page.picker.choice, *c.named(*SETTINGS, api=True).values()],
+                outputs,
+                estimate,
+            )
+        ],
+        clears=[Clear("new input", changes, [GROUP], (c.image, page.picker.active), lambda _: BLANK, outputs)],
+        events=[Event("compare_page", shown, triggers=[button.click])],
     )

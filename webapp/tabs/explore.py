@@ -23,17 +23,14 @@ from PIL import Image
 from vit_core import VisionTransformer, explain
 
 from .. import estimates, render
-from ..admission import COMPUTE
-from ..analysis import Analysis, Upload, declared
-from ..catalog import BUNDLED_LABEL
+from ..analysis import Analysis, declared
 from ..errors import user_errors
-from ..settings import Settings, head_name, layer_name, parse_settings
+from ..settings import Settings, head_name, layer_name
 from ..ui import fresh
 from ..ui.context import Context
+from ..ui.controls import figure, head_choices, layer_range
+from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api, problem_last
 from ..ui.inputs import CheckedDropdown
-from ..ui.picker import Page
-from . import classify
-from .classify import head_choices, layer_range
 
 TITLE = "Explore"
 GROUP = "explore"
@@ -163,103 +160,52 @@ def _estimate(ctx: Context, arguments: dict, draw: int) -> int:
     return estimates.image_request(declared(arguments.get("image")), transform, draw, work)
 
 
-@user_errors
-def view(ctx: Context, image: Upload | None, model_choice: str) -> Image.Image | None:
-    """The upload to click on: the region the model saw bright, its token grid drawn."""
-    return None if image is None else clickable(ctx.analysis(image, model_choice))
-
-
-@user_errors
-def explore(
-    ctx: Context,
-    image: Upload | str | None,
-    model_choice: str = BUNDLED_LABEL,
-    x: float = 0.0,
-    y: float = 0.0,
-    layer: int = -1,
-    head: str = "mean",
-    head_fusion: str = "mean",
-    discard_ratio: float = 0.0,
-    opacity: float = 0.5,
-) -> tuple[Image.Image, Image.Image, Image.Image, str]:
+def _explore(ctx: Context, request: Request) -> tuple[Image.Image, Image.Image, Image.Image, str]:
     """The patch under the point (x, y) of the image, in the image's own pixels: its attention over the
     patches at a layer (from 0, the first; negative from the end) for a head (from 0, or the mean), its
     attention-rollout row, every head of that layer, and a sentence. The patch is outlined on each map."""
-    a = ctx.analysis(image, model_choice)
-    s = parse_settings(
-        a.model, layer=layer, head=head, head_fusion=head_fusion, discard_ratio=discard_ratio, opacity=opacity
-    )
+    a = ctx.analysis(request["image"], request["model_choice"])
+    s = request.settings.checked(a.model)
+    x, y = request["x"], request["y"]
     patch = patch_at(a, float(x), float(y))
     if patch is None:
         raise ValueError(f"({x:g}, {y:g}) is outside the region the model saw; pick a point inside it")
     return patch_maps(a, patch, s)
 
 
-def picture(ctx: Context, image: Upload | None, model_choice: str, ticket: float | None, request: gr.Request) -> tuple:
-    """After a new image or model: the picture to click, no point, no maps (an error in place of the text)."""
-    empty = (None, None, None, None, None)  # x, y and the three maps
-
-    def compute() -> tuple:
-        return view(ctx, image, model_choice), *empty, HINT if image is not None else ""
-
-    subject, held = (
-        fresh.subject_of(image, model_choice),
-        ctx.held(estimate_view, image=image, model_choice=model_choice),
-    )
-    return fresh.answer(request, GROUP, ticket, subject, 7, compute, lambda e: (None, *empty, fresh.problem(e)), held)
+SETTINGS = ("layer", "head", "head_fusion", "discard_ratio", "opacity")  # the API's, after the point
+explore = user_errors(api(_explore, ("image", "model_choice", "x", "y", *SETTINGS)))
+EMPTY = (None, None, None, None, None)  # x, y and the three maps
 
 
-def point(
-    ctx: Context, image: Upload | None, model_choice: str, ticket: float | None, evt: gr.SelectData, request: gr.Request
-):
+def picture(ctx: Context, request: Request) -> tuple:
+    """After a new image or model: the picture to click, no point, no maps."""
+    image = request["image"]
+    shown = None if image is None else clickable(ctx.analysis(image, request["model_choice"]))
+    return shown, *EMPTY, HINT if image is not None else ""
+
+
+def point(ctx: Context, request: Request) -> tuple:
     """A click on the picture: its pixels to the upload's (x, y), which ``redraw`` then follows."""
-
-    def compute() -> tuple:
-        if image is None or evt.index is None:
-            return gr.skip(), gr.skip()
-        x, y = from_view(ctx.analysis(image, model_choice), *evt.index)
-        return round(x, 1), round(y, 1)
-
-    subject, held = (
-        fresh.subject_of(image, model_choice),
-        ctx.held(estimate_view, image=image, model_choice=model_choice),
-    )
-    return fresh.answer(request, POINT, ticket, subject, 2, user_errors(compute), lambda e: (gr.skip(),) * 2, held)
+    if request["image"] is None or request.event.index is None:
+        return gr.skip(), gr.skip()
+    x, y = from_view(ctx.analysis(request["image"], request["model_choice"]), *request.event.index)
+    return round(x, 1), round(y, 1)
 
 
-def redraw(
-    ctx: Context,
-    image: Upload | None,
-    model_choice: str,
-    x: float | None,
-    y: float | None,
-    layer: int,
-    head: str,
-    head_fusion: str,
-    discard_ratio: float,
-    opacity: float,
-    ticket: float | None,
-    request: gr.Request,
-) -> tuple:
+def redraw(ctx: Context, request: Request) -> tuple:
     """The chosen patch's maps and the picture with it outlined, for the point and settings on screen; the
-    reason in place of the maps when the point is outside the region the model saw, or the request fails.
-    Nothing to do before a point is chosen (``picture`` drew the page then)."""
-    if image is None or x is None or y is None:
-        return (gr.skip(),) * 5
+    reason in place of the maps when the point is outside the region the model saw."""
+    a = ctx.analysis(request["image"], request["model_choice"])
+    patch = patch_at(a, float(request["x"]), float(request["y"]))
+    if patch is None:
+        return clickable(a), None, None, None, OUTSIDE
+    return clickable(a, patch), *patch_maps(a, patch, request.settings.checked(a.model))
 
-    def compute() -> tuple:
-        a = ctx.analysis(image, model_choice)
-        patch = patch_at(a, float(x), float(y))
-        if patch is None:
-            return clickable(a), None, None, None, OUTSIDE
-        shown = explore(ctx, image, model_choice, x, y, layer, head, head_fusion, discard_ratio, opacity)
-        return clickable(a, patch), *shown
 
-    def failed(message: str) -> tuple:
-        return gr.skip(), None, None, None, fresh.problem(message)
-
-    subject, held = fresh.subject_of(image, model_choice), ctx.held(estimate, image=image, model_choice=model_choice)
-    return fresh.answer(request, GROUP, ticket, subject, 5, user_errors(compute), failed, held)
+def pointed(request: Request) -> bool:
+    """Whether there is a point to draw (before one is chosen, ``picture`` drew the page)."""
+    return request["image"] is not None and request["x"] is not None and request["y"] is not None
 
 
 @dataclass
@@ -277,10 +223,10 @@ class ExploreTab:
         return [gr.Slider(**layer_range(model, "Layer")), gr.Dropdown(choices=head_choices(model), value="mean")]
 
 
-def build(ctx: Context, page: Page) -> ExploreTab:
+def build(ctx: Context, page: Page) -> Tab:
     """The picture to click, its layer and head, the point clicked; the patch's maps. Head fusion, discard
-    ratio and opacity are the Classify tab's."""
-    picker, shared = page.picker, page.tab(classify)
+    ratio and opacity are the page's (``Controls``)."""
+    picker, c = page.picker, page.controls
     gr.Markdown(
         "Click a patch inside the bright region (what the model saw) to see where that patch "
         "attends at one layer and head, its attention rollout, and every head of the layer. "
@@ -288,14 +234,7 @@ def build(ctx: Context, page: Page) -> ExploreTab:
     )
     with gr.Row():
         with gr.Column():
-            view_image = gr.Image(
-                type="pil",
-                label="Click a patch",
-                show_label=False,
-                interactive=False,
-                elem_id="view",
-                elem_classes="figure",
-            )
+            view_image = figure("Click a patch", "view", interactive=False)
             with gr.Row():
                 # wide enough for its label and number box beside each other: a row of its own on phones
                 layer = gr.Slider(step=1, min_width=260, elem_id="explore-layer", **layer_range(picker.model, "Layer"))
@@ -305,93 +244,52 @@ def build(ctx: Context, page: Page) -> ExploreTab:
                 point_y = gr.Number(label="y (image pixels)", precision=1, elem_id="point-y")
         with gr.Column():
             patch_text = gr.Textbox(label="Selected patch", lines=2, interactive=False, elem_id="patch-text")
-            # no labels drawn over the maps: their colour bars and titles say what they show
+            # their colour bars and titles say what they show
             with gr.Row():
-                patch_attention = gr.Image(
-                    type="pil",
-                    label="Its attention (layer, head)",
-                    show_label=False,
-                    elem_id="patch-attention",
-                    elem_classes="figure",
-                )
-                patch_rollout = gr.Image(
-                    type="pil",
-                    label="Its attention rollout",
-                    show_label=False,
-                    elem_id="patch-rollout",
-                    elem_classes="figure",
-                )
-            heads_grid = gr.Image(
-                type="pil",
-                label="Every head of the layer",
-                show_label=False,
-                elem_id="heads-grid",
-                elem_classes="figure",
-            )
+                patch_attention = figure("Its attention (layer, head)", "patch-attention")
+                patch_rollout = figure("Its attention rollout", "patch-rollout")
+            heads_grid = figure("Every head of the layer", "heads-grid")
 
-    image, active = shared.image, picker.active
+    image, active = c.image, picker.active
     maps = [patch_attention, patch_rollout, heads_grid, patch_text]
-    cleared = fresh.on_change(
-        [image.change, active.change],
-        [GROUP, POINT],
-        [image, active],
-        lambda _: (None, None, None, None, None, None, ""),
-        [view_image, point_x, point_y, *maps],
+    subject, hidden = {"image": image, "model_choice": active}, {"show_progress": "hidden"}
+    drawn = Answer(
+        picture, estimate_view, subject, [view_image, point_x, point_y, *maps], problem_last((None, *EMPTY, "")), GROUP
     )
-    fresh.then(
-        cleared,
-        ctx.handler(picture, None),
-        [image, active],
-        [view_image, point_x, point_y, *maps],
-        concurrency_id=COMPUTE,
-        api_name="explore_picture",
-    )
-    clicked = fresh.listen(
-        [view_image.select],
-        ctx.handler(point, None),
-        [image, active],
-        [point_x, point_y],
-        show_progress="hidden",
-        concurrency_id=COMPUTE,
-        api_name="explore_point",
-    )
-    settings = [layer, head, shared.head_fusion, shared.discard, shared.opacity]
-    inputs, outputs = [image, active, point_x, point_y, *settings], [view_image, *maps]
+    clicked = Answer(point, estimate_view, subject, [point_x, point_y], _no_point, POINT, select=True, options=hidden)
+    settings = {"layer": layer, "head": head, **c.named("head_fusion", "discard_ratio", "opacity")}
+    inputs = {**subject, "x": point_x, "y": point_y, **settings}
+    maps_drawn = Answer(redraw, estimate, inputs, [view_image, *maps], _no_maps, GROUP, ready=pointed, options=hidden)
     # redrawn after a click, a typed point or a setting; not on the point's `change`, which clearing it fires too
-    redrawn = ctx.handler(redraw, None)
-    fresh.then(
-        clicked,
-        redrawn,
-        inputs,
-        outputs,
-        show_progress="hidden",
-        concurrency_id=COMPUTE,
-        api_name="explore_clicked",
-    )
-    fresh.listen(
-        [
-            point_x.submit,
-            point_y.submit,
-            layer.release,
-            head.input,
-            shared.head_fusion.input,
-            shared.discard.release,
-            shared.opacity.release,
+    triggers = [point_x.submit, point_y.submit, layer.release, head.input, c.head_fusion.input]
+    triggers += [c.discard_ratio.release, c.opacity.release]
+    api_inputs = [image, picker.choice, point_x, point_y, c.api_layer, *list(settings.values())[1:]]
+    cleared = (None, None, None, None, None, None, "")
+    return Tab(
+        apis=[Api("explore", explore, api_inputs, maps, estimate)],
+        clears=[
+            Clear(
+                "new input",
+                [image.change, active.change],
+                [GROUP, POINT],
+                (image, active),
+                lambda _: cleared,
+                [view_image, point_x, point_y, *maps],
+            )
         ],
-        redrawn,
-        inputs,
-        outputs,
-        show_progress="hidden",
-        concurrency_id=COMPUTE,
-        api_name="explore_page",
+        events=[
+            Event("explore_picture", drawn, after="new input"),
+            Event("explore_point", clicked, triggers=[view_image.select]),
+            Event("explore_clicked", maps_drawn, after="explore_point"),
+            Event("explore_page", maps_drawn, triggers=triggers),
+        ],
+        fitted=ExploreTab(layer, head),
     )
-    api_settings = [shared.api_layer, head, shared.head_fusion, shared.discard, shared.opacity]
-    gr.on(
-        [],
-        ctx.handler(explore, estimate),
-        [image, picker.choice, point_x, point_y, *api_settings],
-        maps,
-        api_name="explore",
-        concurrency_id=COMPUTE,
-    )
-    return ExploreTab(layer, head)
+
+
+def _no_point(message: str) -> tuple:
+    return gr.skip(), gr.skip()
+
+
+def _no_maps(message: str) -> tuple:
+    return gr.skip(), None, None, None, fresh.problem(message)

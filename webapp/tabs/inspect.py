@@ -11,12 +11,11 @@ from PIL import Image
 from vit_core.data import load_image
 
 from .. import estimates, model_info
-from ..admission import COMPUTE, MB
-from ..catalog import BUNDLED_LABEL
+from ..admission import MB
 from ..errors import user_errors
-from ..ui import fresh
 from ..ui.context import EXAMPLES, Context
-from ..ui.picker import Page
+from ..ui.controls import figure
+from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api, problem_last
 
 TITLE = "Inspect"
 FIGURE_BYTES = 64 * MB  # the tab's matplotlib figures
@@ -36,54 +35,40 @@ def estimate(ctx: Context, arguments: dict) -> int:
     return estimates.REQUEST_BYTES + work
 
 
-@user_errors
-def inspect(ctx: Context, model_choice: str = BUNDLED_LABEL) -> tuple[Image.Image, Image.Image, Image.Image, str]:
+def _inspect(ctx: Context, request: Request) -> tuple[Image.Image, Image.Image, Image.Image, str]:
     """The paper's figure 7 for the loaded model (filters, position-embedding similarity, mean attention
     distance over the example images) and a summary of what it is."""
-    model, transform = ctx.models.get(model_choice)
+    choice = request["model_choice"]
+    model, transform = ctx.models.get(choice)
     images = torch.stack([transform(load_image(p)) for p in EXAMPLES])
     figs = model_info.inspect_figures(model, images, ctx.device)
-    return *figs, model_info.summary(model, ctx.models.folder_of(model_choice))
+    return *figs, model_info.summary(model, ctx.models.folder_of(choice))
 
 
+inspect = user_errors(api(_inspect, ("model_choice",)))
 GROUP = "inspect"
 BLANK = (None, None, None, "")
 
 
-def show(ctx: Context, model_choice: str, ticket: float | None, request: gr.Request) -> tuple:
-    """``inspect`` for the model in use; an error in place of the summary."""
-    subject = fresh.subject_of(model_choice, model_choice)
-
-    def failed(message: str) -> tuple:
-        return *BLANK[:3], fresh.problem(message)
-
-    held = ctx.held(estimate, model_choice=model_choice)
-    return fresh.answer(request, GROUP, ticket, subject, len(BLANK), lambda: inspect(ctx, model_choice), failed, held)
-
-
-def build(ctx: Context, page: Page) -> None:
+def build(ctx: Context, page: Page) -> Tab:
     """The button, the three figures and the summary."""
     picker = page.picker
     gr.Markdown(FIGURE_7, elem_classes="legend")
     button = gr.Button("Analyse model")
     with gr.Row():
         # labels name the API outputs; each figure has its own title
-        filters = gr.Image(label="Embedding filters", show_label=False, elem_id="fig-filters", elem_classes="figure")
-        similarity = gr.Image(
-            label="Position embedding similarity", show_label=False, elem_id="fig-similarity", elem_classes="figure"
-        )
-        distance = gr.Image(
-            label="Mean attention distance", show_label=False, elem_id="fig-distance", elem_classes="figure"
-        )
+        filters = figure("Embedding filters", "fig-filters")
+        similarity = figure("Position embedding similarity", "fig-similarity")
+        distance = figure("Mean attention distance", "fig-distance")
     summary = gr.Markdown(label="Model summary", elem_id="summary")
     outputs = [filters, similarity, distance, summary]
-    fresh.listen(
-        [button.click],
-        ctx.handler(show, None),
-        [picker.active],
-        outputs,
-        concurrency_id=COMPUTE,
-        api_name="inspect_page",
+    model = ("model_choice", "model_choice")  # the results are about the model alone
+    shown = Answer(
+        _inspect, estimate, {"model_choice": picker.active}, outputs, problem_last(BLANK), GROUP, subject=model
     )
-    fresh.on_change([picker.active.change], [GROUP], [picker.active, picker.active], lambda _: BLANK, outputs)
-    gr.on([], ctx.handler(inspect, estimate), [picker.choice], outputs, api_name="inspect", concurrency_id=COMPUTE)
+    active = (picker.active, picker.active)
+    return Tab(
+        apis=[Api("inspect", inspect, [picker.choice], outputs, estimate)],
+        clears=[Clear("new model", [picker.active.change], [GROUP], active, lambda _: BLANK, outputs)],
+        events=[Event("inspect_page", shown, triggers=[button.click])],
+    )

@@ -10,7 +10,6 @@ and is deleted after an hour, and there is no Hub push.
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Iterator
 
 import gradio as gr
@@ -20,30 +19,18 @@ import vit_core
 
 from .. import estimates
 from ..admission import MB
-from ..catalog import ROOT
 from ..errors import sentence
-from ..models import Models
-from ..training import Trainer, TrainingBusy, zip_run
+from ..training import Job, TrainingBusy, zip_run
 from ..trainset import LOCAL, PUBLIC, Limits, from_zip
 from ..ui.context import Context
-from ..ui.picker import Page
+from ..ui.endpoints import Api, Page, Tab
 
 TITLE = "Train"
-TTL_S = 3600.0  # a public server keeps a visitor's trained model this long
 # the training process before its images: torch, the model, a batch (the bundled model on 80 photos: 1.06 GB RSS)
 WORKER_BYTES = 1024 * MB
 BATCH = 32  # vit_core.training.finetune.FINETUNE_RECIPE's batch
 MAX_DOUBLED = 224  # the largest input "twice the size" may ask for (a CPU trains 448 px far too slowly)
 UPDATE_S = 2.0  # the page gets at most one update this often while training
-_TRAINERS: weakref.WeakKeyDictionary[Models, Trainer] = weakref.WeakKeyDictionary()
-
-
-def trainer_of(ctx: Context) -> Trainer:
-    """The server's ``Trainer`` (one per model registry)."""
-    if ctx.models not in _TRAINERS:
-        public = ctx.models.options.public
-        _TRAINERS[ctx.models] = Trainer(ctx.models, None if public else ROOT / "runs", TTL_S if public else None)
-    return _TRAINERS[ctx.models]
 
 
 def limits_of(ctx: Context) -> Limits:
@@ -117,19 +104,20 @@ def train(
     size = 2 * model.config.img_size if double_size else None
     if size is not None and size > MAX_DOUBLED:
         raise gr.Error(f"Twice this model's input is over {MAX_DOUBLED} px: too slow to train here.")
-    trainer = trainer_of(ctx)
+    trainer = ctx.trainer
     try:
         job = trainer.start(session, minutes)
     except TrainingBusy as e:
         raise gr.Error(str(e), print_exception=False) from None
     try:
         with ctx.held(estimate, model_choice=model_choice, double_size=double_size):
-            yield from _train(ctx, trainer, job, photos, source.source, size, limits)
+            yield from _train(ctx, job, photos, source.source, size, limits)
     finally:
         trainer.finish(job)
 
 
-def _train(ctx: Context, trainer: Trainer, job, photos: str, init: str, size: int | None, limits: Limits) -> Iterator:
+def _train(ctx: Context, job: Job, photos: str, init: str, size: int | None, limits: Limits) -> Iterator:
+    trainer = ctx.trainer
     skip = gr.skip()
     try:
         found = from_zip(photos, job.data, limits)
@@ -152,14 +140,13 @@ def _train(ctx: Context, trainer: Trainer, job, photos: str, init: str, size: in
     trained = trainer.register(job, result["classes"])
     download = zip_run(job.out, job.folder / f"{job.out.name}.zip")
     summary = _summary(result, trained.value, trained.label)
-    mine = [(t.label, t.value) for t in trainer.of_session(job.session)]
-    picker = gr.Dropdown(choices=[*ctx.models.choices(), *mine], value=trained.value)
+    picker = gr.Dropdown(choices=ctx.models.choices(job.session), value=trained.value)
     yield "Finished.", _curve(points), summary, gr.update(value=str(download), visible=True), picker
 
 
 def cancel(ctx: Context, request: gr.Request | None = None) -> str:
     """Stop this session's training job after its current step (the model as it is then is kept)."""
-    asked = trainer_of(ctx).cancel(getattr(request, "session_hash", None) or "api")
+    asked = ctx.trainer.cancel(getattr(request, "session_hash", None) or "api")
     return "Stopping after this step…" if asked else "No training job of yours is running."
 
 
@@ -168,7 +155,7 @@ def push(ctx: Context, repo: str, token: str, request: gr.Request | None = None)
     server)."""
     if ctx.models.options.public:
         raise gr.Error("This public server does not push to the Hub: download the zip instead.")
-    mine = trainer_of(ctx).of_session(getattr(request, "session_hash", None) or "api")
+    mine = ctx.trainer.of_session(getattr(request, "session_hash", None) or "api")
     if not mine:
         raise gr.Error("Train a model first.")
     if not repo.strip():
@@ -177,7 +164,7 @@ def push(ctx: Context, repo: str, token: str, request: gr.Request | None = None)
     return f"Pushed to {url}"
 
 
-def build(ctx: Context, page: Page) -> None:
+def build(ctx: Context, page: Page) -> Tab:
     """The limits, the upload and settings, the progress, the results and (locally) the Hub push."""
     limits, public = limits_of(ctx), ctx.models.options.public
     keep = "It stays in this browser session only and is deleted after an hour." if public else ""
@@ -204,17 +191,18 @@ def build(ctx: Context, page: Page) -> None:
     result = gr.Markdown(label="Result", elem_id="train-result")
     download = gr.File(label="Run folder (zip)", interactive=False, visible=False)  # shown with its zip
     outputs = [progress, curve, result, download, page.picker.choice]
-    start.click(
-        ctx.handler(train, None),
-        [photos, page.picker.choice, minutes, double],
-        outputs,
-        api_name="train",
-        concurrency_limit=None,  # no queue: a second job is refused at once ("try again in N min")
-    )
-    stop.click(ctx.handler(cancel, None), None, progress, api_name="train_cancel", concurrency_limit=None)
     with gr.Row(visible=not public):
         repo = gr.Textbox(label="Hub repo (owner/name)", scale=2)
         token = gr.Textbox(label="Hugging Face token", type="password", scale=2)
         upload = gr.Button("Push to the Hub", scale=1)
     pushed = gr.Markdown(label="Pushed to the Hub")
-    upload.click(ctx.handler(push, None), [repo, token], pushed, api_visibility="private")
+    # no queue: a second job is refused at once ("try again in N min"); the job holds the gate itself (``train``)
+    own = {"compute": False, "options": {"concurrency_limit": None}}
+    inputs = [photos, page.picker.choice, minutes, double]
+    return Tab(
+        apis=[
+            Api("train", train, inputs, outputs, None, triggers=[start.click], **own),
+            Api("train_cancel", cancel, [], [progress], None, triggers=[stop.click], **own),
+            Api("push", push, [repo, token], [pushed], None, [upload.click], False, {"api_visibility": "private"}),
+        ]
+    )

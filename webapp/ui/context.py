@@ -17,6 +17,7 @@ from ..admission import Gate
 from ..analysis import Analysis, Upload, analyse
 from ..catalog import ROOT
 from ..models import Models
+from ..training import Trainer
 
 EXAMPLES = sorted(str(p) for p in (ROOT / "examples").glob("*.jpg"))  # shown on Classify, measured on Inspect
 # A tab's estimate of a request's memory (``webapp.estimates``): the context, then the handler's arguments by name.
@@ -30,11 +31,17 @@ def _unchanged(fn: Callable) -> Callable:
 @dataclass
 class Context:
     """The tabs' handlers take this first: the model registry (the picker's choices, the loaded models, the
-    device) and ``gpu``, which runs a compute handler where a GPU is (``spaces.GPU`` on a ZeroGPU Space)."""
+    device, the models trained here), ``gpu``, which runs a compute handler where a GPU is (``spaces.GPU`` on a
+    ZeroGPU Space), the memory gate and the server's trainer."""
 
     models: Models
     gpu: Callable[[Callable], Callable] = _unchanged
     gate: Gate | None = None  # the server's memory budget (``webapp.admission``); None: requests are not gated
+    trainer: Trainer | None = None  # the Train tab's job slot (None: the server's own, ``Trainer.for_server``)
+
+    def __post_init__(self) -> None:
+        if self.trainer is None:
+            self.trainer = Trainer.for_server(self.models)
 
     @property
     def device(self) -> torch.device:
@@ -55,9 +62,9 @@ class Context:
     def handler(self, fn: Callable, estimate: Estimate | None) -> Callable:
         """``fn(ctx, ...)`` as an event handler: bound to this context, so that Gradio reads the rest of its
         signature (the API's parameter names and defaults, ``gr.Progress``, ``gr.SelectData``); behind the
-        memory gate with the tab's ``estimate`` (``admitted``). Register compute handlers with
-        ``concurrency_id=admission.COMPUTE``. ``estimate=None``: a page handler, which holds the gate itself
-        (``held``, inside ``fresh.answer``)."""
+        memory gate with the tab's ``estimate`` (``admitted``). ``estimate=None``: a handler that holds the gate
+        itself (``held``: the Train tab's, for as long as its process trains). ``webapp.ui.wiring`` attaches the
+        API's handlers with this; the page's make their own hold inside ``fresh.answer``."""
         bound = types.MethodType(fn, self)
         return self.gpu(bound) if estimate is None else self.admitted(bound, estimate)
 

@@ -1,13 +1,11 @@
 """The model picker above the tabs: the choice, a status line, the model's facts, and fitting every tab's
-controls (classes, layers, heads, the default method) to the model that loads; ``Page``, what a tab's ``build``
-gets: the picker and the tabs built before it."""
+controls (classes, layers, heads, the default method) to the model that loads."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import gradio as gr
 import torch
@@ -39,23 +37,6 @@ class Picker:
     active: gr.State  # the model in use: a failed load goes back to it
     facts: gr.Markdown  # its classes and input
     model: VisionTransformer  # the startup model, which the tabs' controls start from
-
-
-@dataclass
-class Page:
-    """What a tab's ``build`` gets: the picker, and what each tab built before it returned (``tab``), for a tab
-    that shares another's controls (Explore, Compare and Batch use the Classify tab's image and settings)."""
-
-    picker: Picker
-    built: dict[ModuleType, Any] = field(default_factory=dict)
-
-    def tab(self, module: ModuleType) -> Any:
-        """What the tab of ``module`` built (its ``build``'s return value); that tab comes earlier on the page."""
-        return self.built[module]
-
-    def fitted(self) -> list[Fitted]:
-        """The tabs whose controls follow the loaded model."""
-        return [t for t in self.built.values() if isinstance(t, Fitted)]
 
 
 def label(allow_any: bool) -> str:
@@ -99,7 +80,12 @@ def connect(ctx: Context, picker: Picker, demo: gr.Blocks, tabs: Sequence[Fitted
         status = f"Loaded **{name}** ({cfg.name + ', ' if cfg.name else ''}{size}).{ctx.models.note(choice)}"
         return (status, model_info.facts(model), *(u for tab in tabs for u in tab.fit(model, ctx.device)), choice)
 
-    def on_change(choice: str, active: str, progress: gr.Progress = gr.Progress()):  # noqa: B008 (Gradio's idiom)
+    def on_change(
+        choice: str,
+        active: str,
+        request: gr.Request,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's idiom)
+    ):
         if choice == active:
             return gr.skip()  # the picker was set back after a failed load, or nothing changed
         progress(0.1, desc=f"Loading {choice}")
@@ -108,11 +94,12 @@ def connect(ctx: Context, picker: Picker, demo: gr.Blocks, tabs: Sequence[Fitted
         except gr.Error as e:
             status = f"⚠️ {sentence(e.message)} Still using **{active}**."
             # back to the model in use, the choices marked anew: a Hub that stopped answering marks its models
-            back = gr.Dropdown(value=active, choices=ctx.models.choices())
+            back = gr.Dropdown(value=active, choices=ctx.models.choices(_session(request)))
             return (status, *[gr.skip()] * (len(fitted) + 2), back)
 
-    def on_load(choice: str) -> tuple:
-        return (*updates(choice), gr.Dropdown(choices=ctx.models.choices()))  # marked as they are now
+    def on_load(choice: str, request: gr.Request) -> tuple:
+        # the choices as they are now: those that cannot load marked, the models trained since start-up listed
+        return (*updates(choice), gr.Dropdown(choices=ctx.models.choices(_session(request))))
 
     outputs = [picker.status, picker.facts, *fitted, picker.active]
     # Gated, but outside the compute group: a slow download holds no compute slot (``Context.admitted``).
@@ -120,3 +107,8 @@ def connect(ctx: Context, picker: Picker, demo: gr.Blocks, tabs: Sequence[Fitted
     picker.choice.change(change, [picker.choice, picker.active], [*outputs, picker.choice], api_visibility="private")
     load = ctx.admitted(on_load, request_only, gpu=False)
     demo.load(load, picker.choice, [*outputs, picker.choice], api_visibility="private")
+
+
+def _session(request: gr.Request | None) -> str | None:
+    """The page's session (whose trained models a public server lists for it alone)."""
+    return getattr(request, "session_hash", None)
