@@ -56,6 +56,8 @@ CSS = """
 .legend :is(p, li, strong) { font-size: 0.8rem; line-height: 1.35; margin: 0; }
 .legend ul { margin: 0; padding-left: 1.1em; }
 .verdict p + p { font-size: 1rem; font-weight: 400; margin-top: 0.3rem; }
+/* the class bars of an image the model calls none of its classes: there, not the answer */
+.greyed { filter: grayscale(1); opacity: 0.55; }
 #summary table { word-break: normal; overflow-wrap: normal; hyphens: none; }
 #summary td:first-child { white-space: nowrap; }
 #summary .prose { overflow-x: auto; }

@@ -87,7 +87,7 @@ def measure_steps(ctx: Context, files: list[str]) -> dict[str, float]:
         )
         heat = timed("map", lambda a=a: analysis.relevance(a, settings, device))
         overlay = timed("overlay", lambda a=a, h=heat: render.map_on_image(a.shown, a.box, h, 0.5, "map"))
-        timed("encode", lambda o=overlay: o.save(io.BytesIO(), "webp"))
+        timed("encode", lambda o=overlay: o.save(io.BytesIO(), render.OVERLAY_FORMAT))
     out = {name: statistics.median(t[1:]) for name, t in times.items()}
     out["views"] = len(calibrated_views(model))
     return out
@@ -103,7 +103,7 @@ def table(steps: dict[str, float], end_to_end: float | None = None) -> str:
         ("  (one view's plain forward, for scale)", steps["one view's forward"]),
         ("default map", steps["map"]),
         ("overlay and colour bar", steps["overlay"]),
-        ("encode the overlay (WebP)", steps["encode"]),
+        (f"encode the overlay ({render.OVERLAY_FORMAT.upper()})", steps["encode"]),
     ]
     total = sum(v for name, v in steps.items() if name not in ("views", "one view's forward"))
     non_model = sum(steps[name] for name in NON_MODEL)

@@ -25,7 +25,7 @@ import app
 from vit_core import methods
 from vit_core.calibration import predict
 from vit_core.data import load_image
-from webapp import options
+from webapp import model_info, options
 from webapp.admission import COMPUTE, Gate, rss
 from webapp.analysis import Analysis, Upload
 from webapp.catalog import ROOT
@@ -121,12 +121,37 @@ def test_a_large_photo_gets_the_same_numbers_from_classify_batch_the_api_and_pre
     page = classify.show(ctx, Request({"image": Upload(str(large_photo)), "model_choice": choice, "top_k": 10}))
     _, csv_path, _ = batch.batch(ctx, [str(large_photo)], choice, top_k=10)
     (row,) = list(csv.DictReader(io.StringIO(Path(csv_path).read_text())))
-    for shown in (labels, page[0]):
+    for shown in (labels, page[0]["value"]):
         torch.testing.assert_close(torch.tensor([shown[n] for n in names]), probs, atol=1e-5, rtol=0)
     torch.testing.assert_close(ood["ood_score"], score, atol=0, rtol=1e-5)
     in_batch = {row[f"class_{r}"]: float(row[f"p_{r}"]) for r in range(1, 11)}
     torch.testing.assert_close(torch.tensor([in_batch[n] for n in names]), probs, atol=6e-5, rtol=0)  # 4 decimals
     assert float(row["ood_score"]) == pytest.approx(score, rel=6e-4)  # 4 significant digits
+
+
+@pytest.mark.parametrize("photo", ["cat_chelsea.jpg", "ood_coffee.jpg"])
+def test_classify_batch_and_the_api_decide_by_one_rule(ctx, photo):
+    """One rule (``model_info.decide`` on the library's probabilities and detector): the API's decision, the page's
+    verdict and the Batch CSV's prediction agree, for an answered photo and for one the model rejects; the page
+    greys the class bars of a rejected photo under "If it were one of my classes"."""
+    path = str(ROOT / "examples" / photo)
+    choice = ctx.models.default
+    model, transform = ctx.models.get(choice)
+    with torch.no_grad():
+        p = predict(model, transform(load_image(path)).unsqueeze(0))
+    threshold = model.calibration.ood.threshold
+    expected = model_info.decide(p.probs[0], model.class_names, bool(p.is_ood[0]), float(p.ood_score[0]), threshold)
+    _, _, _, verdict, _, ood = classify.classify(ctx, path, choice)
+    page = classify.show(ctx, Request({"image": Upload(path), "model_choice": choice}))
+    _, csv_path, _ = batch.batch(ctx, [path], choice)
+    (row,) = list(csv.DictReader(io.StringIO(Path(csv_path).read_text())))
+    assert (ood["decision"], ood["reason"]) == (expected.kind, expected.reason)
+    assert verdict == expected.markdown() and page[3]["value"] == expected.markdown()
+    assert row["prediction"] == expected.headline
+    rejected = expected.kind == model_info.NONE_OF_MINE
+    assert rejected == (photo.startswith("ood_"))  # the rule is exercised both ways
+    assert page[0]["label"] == (classify.IF_IT_WERE if rejected else classify.TOP_K)
+    assert page[0]["elem_classes"] == (["greyed"] if rejected else [])
 
 
 # ----------------------------------------------------------------------- one read, at most 10 app modules

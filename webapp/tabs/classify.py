@@ -130,7 +130,17 @@ def ood_check(a: Analysis) -> dict:
     }
 
 
-BLANK = (None, None, "", "", "")  # labels, overlay, compute time, verdict (shown large), class explained
+TOP_K, IF_IT_WERE = "Top-k classes", "If it were one of my classes"  # the class bars' titles
+
+
+def chart(labels: dict[str, float] | None, decision: str | None = None) -> dict:
+    """The class bars: when the model says the image is none of its classes (``model_info.NONE_OF_MINE``), greyed
+    under the title "If it were one of my classes", so that a high bar never reads as the answer."""
+    outside = decision == model_info.NONE_OF_MINE
+    return gr.update(value=labels, label=IF_IT_WERE if outside else TOP_K, elem_classes=["greyed"] if outside else [])
+
+
+BLANK = (chart(None), None, "", "", "")  # labels, overlay, compute time, verdict (shown large), class explained
 
 
 def show(ctx: Context, request: Request) -> tuple:
@@ -138,8 +148,8 @@ def show(ctx: Context, request: Request) -> tuple:
     image is there."""
     if request["image"] is None:
         return BLANK
-    labels, overlay, ms, verdict, explained, _, covered = answer(ctx, request)
-    return labels, overlay, compute_note(ms, covered), headline(verdict), explained
+    labels, overlay, ms, verdict, explained, ood, covered = answer(ctx, request)
+    return chart(labels, ood["decision"]), overlay, compute_note(ms, covered), headline(verdict), explained
 
 
 def failed(message: str) -> tuple:
@@ -181,13 +191,13 @@ def build(ctx: Context, page: Page) -> Tab:
         with gr.Column(elem_id="results"):
             verdict = gr.Markdown(label="Prediction in words", elem_classes="verdict", elem_id="verdict")
             explained = gr.Markdown(label="Class the map explains", elem_id="explains")
-            overlay = figure("Where the model looked", "overlay", height=360)
+            overlay = figure("Where the model looked", "overlay", height=360, format=render.OVERLAY_FORMAT)
             gr.Markdown(
                 "The coloured region is what the model saw, resized to its input size (a centre crop, "
                 "or the whole image when the model squashes); the rest was not used. The colour bar gives "
                 "the map's range."
             )
-            labels = gr.Label(label="Top-k classes", show_heading=False, elem_id="labels")
+            labels = gr.Label(label=TOP_K, show_heading=False, elem_id="labels")
             compute_time = gr.Markdown(elem_id="compute-time")
     # the API's own outputs where the page shows them differently
     compute_ms = gr.Number(label="Compute time (ms): decode, model, map", precision=2, visible=False)
