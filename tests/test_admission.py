@@ -249,7 +249,7 @@ def test_every_compute_listener_is_gated_and_in_one_concurrency_group(monkeypatc
     labels, overlay, _, verdict, _ = compute["classify_page"].fn(
         **_page_arguments(compute["classify_page"]), request=None
     )
-    assert verdict["value"].startswith("⚠️ This request needs about ") and labels["value"] is None and overlay is None
+    assert verdict["value"].startswith("⚠️ This request needs about ") and labels is None and overlay is None
 
 
 def test_the_limits_are_options_of_the_app():

@@ -206,7 +206,7 @@ def test_one_classify_request_reads_its_upload_once_and_passes_through_at_most_1
     finally:
         sys.setprofile(None)
         tracing[0] = False
-    assert "cat" in labels and overlay is not None and note.startswith("Computed in")
+    assert "cat" in labels["value"] and overlay is not None and note.startswith("Computed in")
     assert len(opened) == 1, opened
     print(sorted(modules))
     assert len(modules) <= 10, "\n".join(sorted(modules))

@@ -1,7 +1,7 @@
-"""Stage 3 of the bundled model (issue #54): the bundle (``cifar10_speedrun_photos``' model) fine-tuned again with real
-photos of seven of its ten classes: ``photos/cats_and_dogs`` and ``photos/cars_birds_deer_frogs_horses``
-(automobile, bird, deer, frog, horse; 182 each), so that photos people take of those classes are answered as well
-as cats and dogs now are (the bundle on those ``val`` splits: horse 66.7%, bird 88.5%). Needs only the checkout:
+"""Stage 3 of the bundled model (issue #54): the bundle fine-tuned again with real photos of seven of its ten
+classes, so that photos people take of them are answered as well as cats and dogs now are. The photos are those of
+``photos/cats_and_dogs`` and ``photos/cars_birds_deer_frogs_horses`` (automobile, bird, deer, frog, horse; 182
+each; the bundle on their ``val`` splits: horse 66.7%, bird 88.5%). Needs only the checkout:
 it starts from ``models/cifar10_speedrun``.
 
 CIFAR-10's training images 0-19,999 (of the 45,000 the bundle trained on) with the same augmentation, the cats and

@@ -133,14 +133,14 @@ def ood_check(a: Analysis) -> dict:
 TOP_K, IF_IT_WERE = "Top-k classes", "If it were one of my classes"  # the class bars' titles
 
 
-def chart(labels: dict[str, float] | None, decision: str | None = None) -> dict:
+def chart(labels: dict[str, float], decision: str) -> dict:
     """The class bars: when the model says the image is none of its classes (``model_info.NONE_OF_MINE``), greyed
     under the title "If it were one of my classes", so that a high bar never reads as the answer."""
     outside = decision == model_info.NONE_OF_MINE
     return gr.update(value=labels, label=IF_IT_WERE if outside else TOP_K, elem_classes=["greyed"] if outside else [])
 
 
-BLANK = (chart(None), None, "", "", "")  # labels, overlay, compute time, verdict (shown large), class explained
+BLANK = (None, None, "", "", "")  # labels, overlay, compute time, verdict (shown large), class explained
 
 
 def show(ctx: Context, request: Request) -> tuple:
