@@ -110,14 +110,14 @@ class Models:
 
     def choices(self, session: str | None = None) -> list[tuple[str, str]]:
         """The picker's choices as (label, value), e.g. ("ViT-B/16 (ImageNet, 86.6M params, 346 MB,
-        transformers)", "google/vit-base-patch16-224"); the startup model first, those that cannot load now last,
-        their label saying why ("... — needs the Hub: offline"); then the models trained here that the page of
-        ``session`` may see (``TrainedModels.shown_to``), by their labels ("Trained here at 10:42: ants, bees")."""
+        transformers)", "google/vit-base-patch16-224"): the startup model first, then those that can load now, the
+        models trained here that the page of ``session`` may see (``TrainedModels.shown_to``) by their labels
+        ("Trained here at 10:42: ants, bees"), and last those that cannot load now, their label saying why
+        ("... — needs the Hub: offline")."""
         marked = [(c, self.unavailable(c)) for c in self.access.listed]
-        listed = [
-            (f"{c.label} — {why}" if why else c.label, c.value) for c, why in sorted(marked, key=lambda m: bool(m[1]))
-        ]
-        return listed + [(t.label, t.value) for t in self.trained.shown_to(session, self.options.public)]
+        ready = [(c.label, c.value) for c, why in marked if not why]
+        trained = [(t.label, t.value) for t in self.trained.shown_to(session, self.options.public)]
+        return ready + trained + [(f"{c.label} — {why}", c.value) for c, why in marked if why]
 
     def unavailable(self, choice: Choice) -> str:
         """Why ``choice`` cannot load now, in a few words, or "" when it may: a Hub checkpoint that is not
