@@ -9,7 +9,9 @@ would compete with them for Python's lock), and prints medians of:
 - compute: decode + model (the views the model was calibrated for) + the default map inside the app, what the
   UI shows as the time taken for a new photo, target <= 100 ms on CPU;
 - end to end: request to overlay file through gradio_client, for the app and for the identity app,
-  and their ratio (target <= 2).
+  and their ratio (target <= 2);
+- where a new photo's time goes: each of the app's steps (``bench.app_budget``), and Gradio's share, the end to
+  end time less those steps.
 
 With several devices (``--device cpu cuda``) the app is started on each in turn, and the last lines give each
 device's times as ratios to the first's.
@@ -27,12 +29,10 @@ from pathlib import Path
 import gradio as gr
 import torch
 from gradio_client import Client, handle_file
-from PIL import Image
 
 import app
-from webapp.catalog import ROOT
 
-PHOTO = ROOT / "examples" / "cat_chelsea.jpg"
+from .app_budget import PHOTO, copies, measure_steps, table
 
 
 def client_times(url: str, api_name: str, files: list[str]) -> tuple[list[float], list[float]]:
@@ -51,20 +51,9 @@ def client_times(url: str, api_name: str, files: list[str]) -> tuple[list[float]
     return ends[1:], computes[1:]
 
 
-def _copies(folder: Path, n: int, start: int = 0) -> list[str]:
-    """``n`` PNG copies of the photo, each with its first pixel changed (copies ``start`` to ``start + n - 1``):
-    files the app has not seen."""
-    photo = Image.open(PHOTO).convert("RGB")
-    paths = []
-    for i in range(start, start + n):
-        photo.putpixel((0, 0), (i % 256, i // 256, 0))
-        paths.append(folder / f"cat_{i}.png")
-        photo.save(paths[-1])
-    return [str(p) for p in paths]
-
-
-def measure(model: str, device: str, files: list[str]) -> dict:
-    """Start the app on ``device`` and an identity app; the medians of their times over ``files``."""
+def measure(model: str, device: str, files: list[str], more: list[str]) -> dict:
+    """Start the app on ``device`` and an identity app; the medians of their times over ``files``, and of each
+    of the app's steps (``bench.app_budget``) over ``more``."""
     ctx = app.setup(model, device)
     ours = app.build_ui(ctx)
     ours.queue(default_concurrency_limit=1)
@@ -79,6 +68,7 @@ def measure(model: str, device: str, files: list[str]) -> dict:
             ends_id, _ = client.apply(client_times, (identity.local_url, "/identity", files))
         loaded, _ = ctx.models.get(ctx.models.default)
         return {
+            "steps": measure_steps(ctx, more),
             "model": f"{loaded.num_params():,} parameters",
             "threads": torch.get_num_threads(),
             "compute": statistics.median(computes),
@@ -98,8 +88,11 @@ def main() -> None:
     args = p.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        n = args.repeats + 1  # new copies for each device: the app's cache of analyses is the process's
-        runs = {d: measure(args.model, d, _copies(Path(tmp), n, i * n)) for i, d in enumerate(args.device)}
+        n = args.repeats + 1  # new copies for each device and use: the app's cache of analyses is the process's
+        runs = {
+            d: measure(args.model, d, copies(Path(tmp), n, 2 * i * n), copies(Path(tmp), n, (2 * i + 1) * n))
+            for i, d in enumerate(args.device)
+        }
     for device, r in runs.items():
         gpu = f" ({torch.cuda.get_device_name()})" if device == "cuda" else ""
         print(
@@ -110,6 +103,8 @@ def main() -> None:
         print(f"end to end, app /classify:             {r['end']:7.1f} ms")
         print(f"end to end, Gradio identity function:  {r['identity']:7.1f} ms")
         print(f"ratio app / identity:                  {r['end'] / r['identity']:7.2f}      target <= 2")
+        print(f"where a new photo's time goes on {device} (bench.app_budget, medians):")
+        print(table(r["steps"], r["end"]))
     first, base = next(iter(runs.items()))
     for device, r in list(runs.items())[1:]:
         print(
