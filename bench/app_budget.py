@@ -2,13 +2,13 @@
 
     python -m bench.app_budget [--model PATH_OR_REPO] [--device cpu|cuda] [--repeats 20]
 
-Each copy of ``examples/cat_chelsea.jpg`` (451x300, one pixel changed so that nothing is cached) goes through
-the same functions ``webapp.tabs.classify.answer`` calls, in its order, each step timed on its own (the device
-synchronised after each): reading the upload (bytes, SHA-256, header), decoding, preprocessing (resize, crop,
-normalise), the model's views (``calibration.predict``: the views the model was calibrated for, with their
-attentions and the OOD score), the default map (``analysis.relevance``), drawing the overlay with its colour bar
-(``render.map_on_image``) and encoding it as Gradio does (WebP). A plain forward pass of one view is timed too,
-for the cost of one view. ``python -m bench.bench_app`` prints this table beside its end-to-end times, and the
+Each copy of ``examples/cat_chelsea.jpg`` (451x300, a JPEG with its corner changed so that nothing is cached)
+goes through the same functions ``webapp.tabs.classify.answer`` calls, in its order, each step timed on its own
+(the device synchronised after each): reading the upload (bytes, SHA-256, header), decoding, preprocessing
+(resize, crop, normalise), the model's views (``calibration.predict``: the views the model was calibrated for,
+with their attentions and the OOD score), the default map (``analysis.relevance``), drawing the overlay with its
+colour bar (``render.map_on_image``) and encoding it as Gradio does. A plain forward pass of one view is timed
+too, for the cost of one view. ``python -m bench.bench_app`` prints this table beside its end-to-end times, and the
 share left over there (end to end minus these steps) is Gradio's: upload, queue, events, download.
 """
 
@@ -38,14 +38,14 @@ NON_MODEL = ("read", "decode", "preprocess", "overlay", "encode")
 
 
 def copies(folder: Path, n: int, start: int = 0) -> list[str]:
-    """``n`` PNG copies of the photo, each with its first pixel changed (copies ``start`` to ``start + n - 1``):
-    files the app has not seen."""
+    """``n`` JPEG copies of the photo (quality 95, as a camera or phone saves one), each with its top-left 8x8
+    block changed (copies ``start`` to ``start + n - 1``): files the app has not seen."""
     photo = Image.open(PHOTO).convert("RGB")
     paths = []
     for i in range(start, start + n):
-        photo.putpixel((0, 0), (i % 256, i // 256, 0))
-        paths.append(folder / f"cat_{i}.png")
-        photo.save(paths[-1])
+        photo.paste((i % 256, i // 256 % 256, 0), (0, 0, 8, 8))
+        paths.append(folder / f"cat_{i}.jpg")
+        photo.save(paths[-1], quality=95)
     return [str(p) for p in paths]
 
 
@@ -87,7 +87,7 @@ def measure_steps(ctx: Context, files: list[str]) -> dict[str, float]:
         )
         heat = timed("map", lambda a=a: analysis.relevance(a, settings, device))
         overlay = timed("overlay", lambda a=a, h=heat: render.map_on_image(a.shown, a.box, h, 0.5, "map"))
-        timed("encode", lambda o=overlay: o.save(io.BytesIO(), "webp"))
+        timed("encode", lambda o=overlay: o.save(io.BytesIO(), render.OVERLAY_FORMAT))
     out = {name: statistics.median(t[1:]) for name, t in times.items()}
     out["views"] = len(calibrated_views(model))
     return out
@@ -103,7 +103,7 @@ def table(steps: dict[str, float], end_to_end: float | None = None) -> str:
         ("  (one view's plain forward, for scale)", steps["one view's forward"]),
         ("default map", steps["map"]),
         ("overlay and colour bar", steps["overlay"]),
-        ("encode the overlay (WebP)", steps["encode"]),
+        (f"encode the overlay ({render.OVERLAY_FORMAT.upper()})", steps["encode"]),
     ]
     total = sum(v for name, v in steps.items() if name not in ("views", "one view's forward"))
     non_model = sum(steps[name] for name in NON_MODEL)

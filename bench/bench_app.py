@@ -3,7 +3,7 @@
     python -m bench.bench_app [--model PATH_OR_REPO] [--device cpu [cuda]] [--repeats 20]
 
 Starts the app and a Gradio identity app (image in, the same image out) on 127.0.0.1, sends copies of
-``examples/cat_chelsea.jpg`` (451x300, each with one pixel changed and saved as PNG, so that the app's cache of
+``examples/cat_chelsea.jpg`` (451x300, each with its corner changed and saved as JPEG, so that the app's cache of
 analyses answers none) to both with ``gradio_client`` from a process of its own (a client in the servers' process
 would compete with them for Python's lock), and prints medians of:
 - compute: decode + model (the views the model was calibrated for) + the default map inside the app, what the

@@ -153,7 +153,10 @@ def main() -> None:
     p.add_argument("--deadline", type=float, default=300.0, help="seconds after which no row or curve starts")
     p.add_argument("--curve-steps", type=int, default=200)
     p.add_argument("--peak-tflops", type=float)
+    p.add_argument("--rows", help="which rows of ROWS, by index (e.g. 3,5; default: all)")
+    p.add_argument("--curve-row", type=int, help="the row whose loss curve is compared (default: the fastest)")
     args = p.parse_args()
+    rows = ROWS if args.rows is None else [ROWS[int(i)] for i in args.rows.split(",")]
     start = time.time()
     late = lambda: time.time() - start > args.deadline  # noqa: E731
     peak = args.peak_tflops or bf16_peak_tflops("cuda")
@@ -164,29 +167,30 @@ def main() -> None:
     )
     print("| setting | img/s | MFU | seconds (compile included) |\n|---|---:|---:|---:|", flush=True)
     results: dict[Row, float] = {}
-    autotuned = [row for row in ROWS if row.compile and row.compile.startswith("max-autotune")]
-    for row in [r for r in ROWS if r not in autotuned]:
+    autotuned = [row for row in rows if row.compile and row.compile.startswith("max-autotune")]
+    for row in [r for r in rows if r not in autotuned]:
         if late():
             print(f"| {row.label()} | skipped: deadline | | |", flush=True)
         elif (ips := timed_row(row, args.batch, flops, peak)) is not None:
             results[row] = ips
-    if not results:
-        return
-    best = max(results, key=results.get)
+    best = max(results, key=results.get) if results else rows[0]
     twin = Row("timm", best.fused, best.bf16_weights, best.compile)
-    if not late() and (ips := timed_row(twin, args.batch, flops, peak)) is not None:
+    if results and not late() and (ips := timed_row(twin, args.batch, flops, peak)) is not None:
         print(f"ours / timm at the fastest setting so far: {results[best] / ips:.3f}", flush=True)
     if late():
         print("loss curves: skipped, deadline")
     else:
         eager = curve(Row(), args.batch, args.curve_steps, seed=0)
         noise = curve(Row(), args.batch, args.curve_steps, seed=1)
+        if args.curve_row is not None:
+            best = ROWS[args.curve_row]
         fast = curve(best, args.batch, args.curve_steps, seed=0)
         torch.compiler.reset()
         floor, gap = mean_gap(eager, noise), mean_gap(eager, fast)
         print(
             f"loss curves over {args.curve_steps} steps (10-step means): eager {smoothed(eager)[0]:.3f} -> "
-            f"{smoothed(eager)[-1]:.3f}, fastest ({best.label()}) {smoothed(fast)[0]:.3f} -> {smoothed(fast)[-1]:.3f}; "
+            f"{smoothed(eager)[-1]:.3f}, compared ({best.label()}) {smoothed(fast)[0]:.3f} -> "
+            f"{smoothed(fast)[-1]:.3f}; "
             f"mean gap to eager {gap:.4f}, eager vs eager from another seed {floor:.4f}: "
             f"{'WITHIN NOISE' if gap <= floor else 'OUTSIDE NOISE'}",
             flush=True,
@@ -196,6 +200,8 @@ def main() -> None:
             print(f"| {row.label()} | skipped: deadline | | |", flush=True)
         elif (ips := timed_row(row, args.batch, flops, peak)) is not None:
             results[row] = ips
+    if not results:
+        return
     best = max(results, key=results.get)
     print(f"fastest: {best.label()}, {results[best]:.0f} img/s, MFU {flops * results[best] / (peak * 1e12):.1%}")
 
