@@ -132,3 +132,15 @@ def fit_warmup(
         "share of the run (--set warmup_epochs=X to choose)"
     )
     return recipe | {"warmup_epochs": fitted}, note
+
+
+def missing_start(recipe: dict[str, Any], base: dict[str, Any], name: str | None) -> None:
+    """A recipe whose own starting model is a folder this installation lacks (``finetune_folder``'s bundled model
+    comes with a clone of the repository, not with the installed package): a message saying what to give."""
+    init = recipe.get("init")
+    if init is not None and init == base.get("init") and Path(init).is_absolute() and not Path(init).exists():
+        raise RecipeError(
+            f"recipe {name} starts from the bundled model {Path(init).name}, which comes with a clone of the "
+            "repository, not with the installed package: give --init a run folder of yours, a Hub repo id "
+            "(owner/name) or timm:<name>, e.g. --init timm:vit_tiny_patch16_224"
+        )

@@ -46,7 +46,7 @@ from vit_core.training.finetune import CARD_NAME, finish_run
 from vit_core.training.recipe import Recipe, RecipeError
 from vit_core.training.run_folder import DiskFullError
 
-from . import apply_overrides, fit_warmup, load_recipe, override, recipe_listing
+from . import apply_overrides, fit_warmup, load_recipe, missing_start, override, recipe_listing
 
 USER_ERRORS = (
     RecipeError,
@@ -218,6 +218,7 @@ def run_train(argv: list[str]) -> None:
         # a from-scratch recipe fine-tuned from --init: the checkpoint defines the architecture
         base = base | {"model": None, "model_args": {}}
     recipe, note = fit_warmup(base, args.set, override(apply_overrides(base, args.set), options))
+    missing_start(recipe, base, args.recipe)
     if note and not args.resume:
         print(note, file=sys.stderr)
     recipe = Recipe.from_dict(recipe)

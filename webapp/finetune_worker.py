@@ -1,6 +1,7 @@
 """The Train tab's training process: ``python -m webapp.finetune_worker JOB.json`` runs
 ``vit_core.training.finetune.finetune_folder`` on the job's folder and prints one JSON line per progress report (the
-``Progress`` fields), then a ``{"result": ...}`` line. It stops after the current step once the job's stop file
+``Progress`` fields), then a ``{"result": ...}`` line (``FinetuneResult``'s fields: the strategy and why, and the
+held-out ``details``: per-class accuracy, confusion matrix, misclassified files, ECE, threshold). It stops after the current step once the job's stop file
 exists (the Cancel button). Everything else it prints goes to its log (stderr).
 
 A process of its own rather than a thread of the server (``webapp.training``): torch's thread count is
@@ -44,7 +45,8 @@ def main(job_file: str) -> None:
         overrides=job.get("overrides"),
     )
     fields = ("complete", "classes", "train_images", "val_images", "val_accuracy", "temperature", "ood_threshold")
-    _emit({"result": {name: getattr(result, name) for name in fields} | {"steps": result.steps}})
+    fields += ("steps", "strategy", "strategy_reason", "details")  # details: for the result page (held_out.py)
+    _emit({"result": {name: getattr(result, name) for name in fields}})
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ TTA_MODES = ("flip", "flip-translate")
 ECE_BINS = 15
 # The temperatures a fit searches (and a config.json may hold): far beyond any a trained classifier needs.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-2, 1e2
+_GRID = 97  # points of fit_temperature's search grid over log T
 
 
 def tta_views(images: torch.Tensor, tta: str | None) -> list[tuple[torch.Tensor, float]]:
@@ -83,7 +84,7 @@ def fit_temperature(logits: Sequence[torch.Tensor], weights: Sequence[float], la
         return float(F.nll_loss(logp, labels))
 
     lo, hi = math.log(MIN_TEMPERATURE), math.log(MAX_TEMPERATURE)
-    grid = [lo + (hi - lo) * i / 96 for i in range(97)]
+    grid = [lo + (hi - lo) * i / (_GRID - 1) for i in range(_GRID)]
     best = min(range(len(grid)), key=lambda i: nll(grid[i]))
     a, b = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
     ratio = (math.sqrt(5) - 1) / 2
@@ -99,6 +100,16 @@ def fit_temperature(logits: Sequence[torch.Tensor], weights: Sequence[float], la
             d = a + ratio * (b - a)
             fd = nll(d)
     return math.exp((a + b) / 2)
+
+
+def at_search_edge(t: float) -> bool:
+    """Whether a temperature from ``fit_temperature`` lies within two steps of either end of its grid: the
+    negative log-likelihood still fell (or was flat, every probability rounding to 1) towards the end of the
+    search range, as when every held-out image is right with a wide margin, which any T -> 0 rewards; so the
+    images did not set the temperature."""
+    lo, hi = math.log(MIN_TEMPERATURE), math.log(MAX_TEMPERATURE)
+    step = (hi - lo) / (_GRID - 1)
+    return not lo + 2 * step < math.log(t) < hi - 2 * step
 
 
 # ------------------------------------------------------------------------------------ calibration error

@@ -99,7 +99,8 @@ def train(
         hooks = hooks if hooks is not None else Hooks()
         run = _Run(recipe, out, procs, resume)
         last = recipe.epochs if stop_after is None else min(recipe.epochs, stop_after)
-        bar = ProgressLine(run.start_epoch, last, len(run.train_batches), enabled=progress and procs.main)
+        left, on = None if run.budget_s is None else run.budget_s - (time.time() - run.t_start), progress and procs.main
+        bar = ProgressLine(run.start_epoch, last, len(run.train_batches), enabled=on, budget_s=left)
         stopped = None
         for epoch in range(run.start_epoch, last):
             row = run.train_epoch(epoch, bar, hooks) | run.evaluate()

@@ -16,18 +16,29 @@ uncalibrated, and its model card says the run is incomplete.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ..calibration import at_search_edge
 from ..data import Batches, build_dataset, build_transform, stratified_split, with_transform
+from ..figures import training_curves_figure
 from ..io.calibration_file import write_calibration
+from ..io.checkpoint import save_pretrained
+from ..io.files import RECIPE_NAME
 from ..io.model_card import prepare_upload
 from ..models.model import VisionTransformer
+from . import run_folder
+from .builders import build_datasets, build_network, load_init
 from .engine import TrainResult, train
 from .evaluation import calibrate_model, evaluate, write_eval
+from .held_out import card_section, held_out_details, held_out_files
+from .lpft import FeatureNet, FeaturePairs, Strategy, cache_features, choose_strategy, fit_probe, measure_speed
 from .progress import Hooks, StepInfo
 from .recipe import Recipe, RecipeError
 from .run_folder import commit
@@ -52,6 +63,8 @@ FINETUNE_RECIPE: dict[str, Any] = dict(
     cpu_precision="bf16",
     channels_last=True,
 )
+STRATEGIES = ("auto", "full", "lp-ft", "probe")  # vit_core.training.lpft.Strategy's names, and "auto" to choose
+PROBE_NAME = "linear_probe"  # LP-FT's first stage in the run folder: the model with the probe's head
 HELD_OUT_SPLIT = "held-out"  # eval_held-out_flip.json: the held-out images evaluated as predict() answers
 CARD_NAME = "README.md"
 _RESULT_FILES = ("README.md", "ood.safetensors", f"*_{HELD_OUT_SPLIT}*")  # globs
@@ -61,7 +74,8 @@ _RESULT_FILES = ("README.md", "ood.safetensors", f"*_{HELD_OUT_SPLIT}*")  # glob
 class Progress:
     """What ``on_progress`` is told: after each training step, each epoch, and at each change of phase."""
 
-    phase: str  # "loading", "training", "calibrating", "done" or "cancelled"
+    phase: str  # "loading", "features" (measured; the probe's features next), "training", "calibrating", "done"
+    # or "cancelled"
     step: int = 0  # optimizer steps done
     total_steps: int | None = None  # the steps the budget is expected to allow (a rough guess before the first)
     epoch: int = 0  # epochs finished
@@ -69,6 +83,7 @@ class Progress:
     val_accuracy: float | None = None  # top-1 (%) on the held-out images after the last finished epoch
     elapsed_s: float = 0.0  # since finetune_folder was called
     eta_s: float | None = None  # time left until the run folder is written, estimated
+    strategy: str | None = None  # the strategy chosen and why, one sentence (once chosen)
 
 
 @dataclass
@@ -87,6 +102,21 @@ class FinetuneResult:
     steps: int
     train_seconds: float
     history: list[dict[str, Any]]
+    strategy: str  # "full", "lp-ft" or "probe" (vit_core.training.lpft.Strategy)
+    strategy_reason: str  # why, one sentence
+    details: dict[str, Any]  # for a result page (vit_core.training.held_out.held_out_details, ece, threshold); {} if cancelled
+
+
+@dataclass
+class ProbeFeatures:
+    """A probe's run, whose cached features stand in for the frozen model in ``finish_run`` (``lpft.FeatureNet``):
+    the held-out and training images' (plain, mirror) feature pairs, the views to calibrate for, and the run."""
+
+    net: FeatureNet
+    held_out: FeaturePairs
+    fit: FeaturePairs
+    tta: str | None
+    result: TrainResult
 
 
 def finetune_recipe(
@@ -124,6 +154,7 @@ def finetune_folder(
     minutes: float | None = 3.0,
     image_size: int | None = None,
     val_fraction: float = 0.2,
+    strategy: str = "auto",
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     overrides: dict[str, Any] | None = None,
@@ -133,11 +164,15 @@ def finetune_folder(
     """Fine-tune ``init`` on the folder ``data`` (``data/<class>/<images>``) within ``minutes`` of training
     (None: ``epochs`` of ``overrides``, 100 by default), writing the run folder ``out``; see the module's docstring.
 
-    ``image_size``: the input size to fine-tune at (None: the checkpoint's); a larger one keeps the patch size,
-    so the sequence grows and the position embeddings are interpolated (paper section 3.2). ``val_fraction``:
-    the share of each class held out for the validation accuracy and the calibration. ``overrides``: other
-    recipe keys (``vit_core.training.recipe.Recipe``). ``overwrite``: write into a folder that is not empty.
-    ``on_progress`` and ``should_stop`` are called in this thread, from the training loop."""
+    ``strategy``: "auto" measures the model's speed here and picks "full", "lp-ft" or "probe" for the budget
+    (``vit_core.training.lpft.choose_strategy``; "full" without a budget); the others force one (LP-FT then fine-tunes
+    every block). ``image_size``: the input size to fine-tune at (None: the checkpoint's); a larger one keeps
+    the patch size, so the sequence grows and the position embeddings are interpolated (paper section 3.2).
+    ``val_fraction``: the share of each class held out for the validation accuracy and the calibration.
+    ``overrides``: other recipe keys (``vit_core.training.recipe.Recipe``). ``overwrite``: write into a folder that is
+    not empty. ``on_progress`` and ``should_stop`` are called in this thread, from the training loop."""
+    if strategy not in STRATEGIES:
+        raise RecipeError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     t0 = time.time()
     out = Path(out)
     report = on_progress or (lambda p: None)
@@ -145,28 +180,30 @@ def finetune_folder(
     recipe = finetune_recipe(
         data, init, minutes=minutes, image_size=image_size, val_fraction=val_fraction, overrides=overrides
     )
+    run_folder.check_out(out, resume=False, overwrite=overwrite)
     if overwrite:
         for pattern in _RESULT_FILES:  # an earlier run's results must not be taken for this one's
             for path in out.glob(pattern):
                 path.unlink()
-    watch = _Watch(report, t0, recipe)
-    result = train(recipe, out, progress=progress_bar, overwrite=overwrite, hooks=watch.hooks(should_stop))
+    plan, features = Strategy("full", 0, 0, "no time budget: the recipe's epochs fine-tune the whole model", 0), None
+    if strategy != "full" and (recipe.budget_minutes is not None or strategy != "auto"):
+        plan, recipe, features = _probe_first(recipe, out, strategy, t0, report, progress_bar)
+    watch = _Watch(report, t0, recipe, plan)
+    if plan.name == "probe":
+        result = features.result
+    else:
+        result = train(recipe, out, progress=progress_bar, overwrite=True, hooks=watch.hooks(should_stop))
+        features = None
     complete = result.stopped != "asked"
     if complete:
-        report(Progress("calibrating", watch.step, watch.step, len(result.history), elapsed_s=time.time() - t0))
-    measured = finish_run(out, recipe, result, calibrate=complete, progress=progress_bar)
+        report(watch.progress("calibrating", 0.0))
+    strategy_text = f"{plan.name}: {plan.reason}"
+    measured = finish_run(
+        out, recipe, result, calibrate=complete, progress=progress_bar, features=features, strategy=strategy_text
+    )
     model = result.model.eval()
     report(
-        Progress(
-            "done" if complete else "cancelled",
-            watch.step,
-            watch.step,
-            len(result.history),
-            watch.loss,
-            measured.get("top1"),
-            time.time() - t0,
-            0.0,
-        )
+        dataclasses.replace(watch.progress("done" if complete else "cancelled", 0.0), val_accuracy=measured.get("top1"))
     )
     return FinetuneResult(
         out=out,
@@ -181,33 +218,117 @@ def finetune_folder(
         steps=watch.step,
         train_seconds=result.history[-1]["elapsed_s"],
         history=result.history,
+        strategy=plan.name,
+        strategy_reason=plan.reason,
+        details=measured.get("details", {}),
     )
 
 
+def _probe_first(
+    recipe: Recipe, out: Path, strategy: str, t0: float, report: Callable[[Progress], None], progress: bool
+) -> tuple[Strategy, Recipe, ProbeFeatures | None]:
+    """Measure, choose, and for "lp-ft" and "probe" fit the linear probe on cached features (Kumar et al. 2022).
+    Returns the strategy, the recipe the engine then runs ("lp-ft": from the probe's checkpoint, its head kept,
+    the first blocks frozen, on what is left of the budget) and, for "probe", what ``finish_run`` calibrates
+    from (``ProbeFeatures``)."""
+    model = load_init(recipe.init, **recipe.model_args)
+    train_set, held_out = build_datasets(recipe, model.config.pretrained_cfg())
+    net = build_network(recipe, model, list(train_set.classes), train_set)
+    depth, budget = len(net.blocks), 60 * (recipe.budget_minutes or 0.0)
+    if strategy == "auto":
+        speed = measure_speed(net, net.config.img_hw)
+        left = budget - (time.time() - t0)
+        plan = choose_strategy(speed, len(train_set), len(held_out), depth, left, recipe.batch_size)
+    else:  # forced: LP-FT fine-tunes every block after the probe
+        plan = Strategy(strategy, depth if strategy == "lp-ft" else 0, 2, f"{strategy} was asked for", 0)
+    report(Progress("features", total_steps=plan.steps, elapsed_s=time.time() - t0, strategy=plan.reason))
+    if plan.name == "full":
+        return plan, recipe, None
+    plain_tf = build_transform(net.pretrained_cfg)
+    plain = with_transform(train_set, plain_tf)
+    views = [cache_features(net, plain, desc="features")]
+    views += [cache_features(net, plain, mirror=True, desc="mirrored")] if plan.copies > 1 else []
+    views += [cache_features(net, train_set, desc=f"augmented copy {i}") for i in range(2, plan.copies)]
+    held_plain = cache_features(net, held_out, desc="held-out")
+    held_mirror = cache_features(net, held_out, mirror=True, desc="held-out mirrored") if plan.tta else held_plain
+    held = FeaturePairs(held_plain, held_mirror, held_out.targets)
+    labels = train_set.targets
+    x, y = torch.cat(views), labels.repeat(len(views))
+    weight, bias = fit_probe(x, y, len(train_set.classes))
+    logits = torch.nn.functional.linear(x, weight, bias)
+    row = dict(epoch=1, train_loss=torch.nn.functional.cross_entropy(logits, y).item(), copies=len(views))
+    row["train_top1"] = 100 * (logits.argmax(-1) == y).float().mean().item()
+    with torch.no_grad():
+        net.head.weight.copy_(weight)
+        net.head.bias.copy_(bias)
+    if plan.name == "lp-ft":
+        save_pretrained(net, out / PROBE_NAME)
+        frozen = ["patch_embed", *[f"blocks.{i}" for i in range(depth - plan.blocks)]]
+        left = None if recipe.budget_minutes is None else max(budget - (time.time() - t0), 1.0) / 60  # a step
+        ft = recipe.to_dict() | dict(init=str(out / PROBE_NAME), keep_head=True, freeze=frozen, budget_minutes=left)
+        return plan, Recipe.from_dict(ft), None
+    fit = FeaturePairs(views[0], views[1] if len(views) > 1 else views[0], labels)
+    history = [row | dict(elapsed_s=time.time() - t0, stopped=None)]
+    _write_probe_run(out, recipe, net, history)
+    result = TrainResult(net.eval(), history, train_set, held_out)
+    return plan, recipe, ProbeFeatures(FeatureNet(net), held, fit, plan.tta, result)
+
+
+def _write_probe_run(out: Path, recipe: Recipe, net: VisionTransformer, history: list[dict[str, Any]]) -> None:
+    """The run folder of a probe: its recipe, the model and its metrics, as a run of the engine writes them."""
+    run_folder.prepare(out, fresh=True)
+    run_folder.write_json(out / RECIPE_NAME, recipe.to_dict())
+    run_folder.commit_epoch(out, 1, None, net, history, training_curves_figure(history))
+
+
 def finish_run(
-    out: Path, recipe: Recipe, result: TrainResult, *, calibrate: bool = True, progress: bool = True
+    out: Path,
+    recipe: Recipe,
+    result: TrainResult,
+    *,
+    calibrate: bool = True,
+    progress: bool = True,
+    features: ProbeFeatures | None = None,
+    strategy: str = "full: the recipe as given",
 ) -> dict[str, Any]:
     """After a run with ``val_fraction``: with ``calibrate``, fit the model's temperature (image and mirror) and
     its Mahalanobis "none of my classes" detector on the held-out images (the statistics from the training
     images, without augmentation), store them (``calibration_file.write_calibration``) and evaluate the held-out images
-    as ``predict`` answers (``eval_held-out_flip.json``); then write the model card ``README.md``. Returns the held-out
-    ``top1``, ``temperature`` and OOD ``threshold`` (empty without ``calibrate``)."""
+    as ``predict`` answers (``eval_held-out_flip.json``); then write the model card ``README.md``. A temperature
+    at the edge of its search (``calibration.at_search_edge``) is not kept: T = 1, and the calibration says the
+    held-out images could not set it. ``features``: a probe's cached features stand in for the model
+    (``_probe_first``); ``strategy``: what the card says of it. Returns the held-out ``top1``, ``temperature``,
+    OOD ``threshold`` and the result page's ``details`` (``held_out_details``); empty without ``calibrate``."""
     model, measured = result.model, {}
     if calibrate:
         name = Path(recipe.data).name
-        calibration, fit = calibrate_model(
-            model,
-            result.test_set,
-            with_transform(result.train_set, build_transform(model.pretrained_cfg)),
+        net, held, fit, tta = model, result.test_set, None, "flip"
+        if features is not None:
+            net, held, fit, tta = features.net, features.held_out, features.fit, features.tta
+        fit = fit or with_transform(result.train_set, build_transform(model.pretrained_cfg))
+        calibration, fitted = calibrate_model(
+            net,
+            held,
+            fit,
+            tta=tta,
             held_out_name=f"the {len(result.test_set)} images held out of {name} (val_fraction {recipe.val_fraction})",
             fit_name=f"the {len(result.train_set)} training images of {name}",
             progress=progress,
         )
+        note = None
+        if at_search_edge(calibration.temperature):
+            note = (
+                f"T = 1 kept: the held-out images could not set the temperature (its fit on them ran to the edge "
+                f"of its range, T = {calibration.temperature:.3g})"
+            )
+            calibration = dataclasses.replace(
+                calibration, temperature=1.0, fitted_on=f"{note}; {calibration.fitted_on}"
+            )
         write_calibration(out, calibration)
-        model.calibration = calibration
-        batches = Batches(result.test_set, recipe.eval_batch_size, next(model.parameters()).device, train=False)
+        model.calibration = net.calibration = calibration
+        batches = Batches(held, recipe.eval_batch_size, next(net.parameters()).device, train=False)
         classes = list(result.train_set.classes)
-        ev = evaluate(model, batches, len(classes), tta=calibration.tta)
+        ev = evaluate(net, batches, len(classes), tta=calibration.tta)
         what = {
             "labels": classes,
             "model": str(out),
@@ -216,18 +337,26 @@ def finish_run(
             "tta": calibration.tta,
         }
         write_eval(ev | what, out)
-        measured = {"top1": ev["top1"], "temperature": calibration.temperature, "threshold": fit.get("threshold")}
+        files = held_out_files(recipe.data, recipe.val_fraction)
+        details = held_out_details(net, batches, files, classes)
+        details |= {"ece": ev["ece"], "threshold": fitted.get("threshold"), "temperature_note": note}
+        measured = {"top1": ev["top1"], "temperature": calibration.temperature, "threshold": fitted.get("threshold")}
+        measured["details"] = details
     _, card = prepare_upload(out, out.name)
+    if measured:
+        card += card_section(measured["details"], strategy)
     commit(out, {CARD_NAME: lambda f: f.write(card.encode())})
     return measured
 
 
 class _Watch:
-    """Turns the engine's hooks into ``Progress`` reports, with a time-left estimate."""
+    """Turns the engine's hooks into ``Progress`` reports, with a time-left estimate: the steps' rate, but never
+    past what is left of the budget."""
 
-    def __init__(self, report: Callable[[Progress], None], t0: float, recipe: Recipe) -> None:
-        self.report, self.t0, self.recipe = report, t0, recipe
-        self.step, self.loss, self.val, self.epoch, self.total = 0, None, None, 0, None
+    def __init__(self, report: Callable[[Progress], None], t0: float, recipe: Recipe, plan: Strategy) -> None:
+        self.report, self.t0, self.plan = report, t0, plan
+        self.budget_s = None if recipe.budget_minutes is None else 60 * recipe.budget_minutes
+        self.step, self.loss, self.val, self.epoch, self.total, self.start = 0, None, None, 0, None, time.time()
 
     def hooks(self, should_stop: Callable[[], bool] | None) -> Hooks:
         return Hooks(on_step=self.on_step, on_epoch=self.on_epoch, should_stop=should_stop)
@@ -237,14 +366,17 @@ class _Watch:
         rate = info.elapsed_s / info.step  # seconds per step so far, evaluations included
         total = info.total_steps if info.budget_s is None else min(info.total_steps, round(info.budget_s / rate))
         self.total = max(total, info.step)
-        left = rate * (self.total - info.step)
-        self.report(self._progress(left))
+        self.report(self.progress("training", rate * (self.total - info.step)))
 
     def on_epoch(self, row: dict[str, Any]) -> None:
         self.epoch, self.val = row["epoch"], row.get("test_top1")
-        left = None if self.total is None else (time.time() - self.t0) / max(self.step, 1) * (self.total - self.step)
-        self.report(self._progress(left))
+        rate = (time.time() - self.start) / max(self.step, 1)
+        self.report(self.progress("training", None if self.total is None else rate * (self.total - self.step)))
 
-    def _progress(self, left: float | None) -> Progress:
+    def progress(self, phase: str, left: float | None) -> Progress:
+        if left is not None and self.budget_s is not None:
+            left = min(left, max(self.budget_s - (time.time() - self.start), 0.0))
+        total = self.step if phase != "training" else self.total
         elapsed = time.time() - self.t0
-        return Progress("training", self.step, self.total, self.epoch, self.loss, self.val, elapsed, left)
+        p = Progress(phase, self.step, total, self.epoch, self.loss, self.val, elapsed, left, self.plan.reason)
+        return p

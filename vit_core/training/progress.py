@@ -46,10 +46,13 @@ class ProgressLine:
 
     On a terminal it is a tqdm bar redrawn in place. Otherwise (a log file, CI) it is a plain line four
     times an epoch, so that a log shows how far the run is and when it will end, without the
-    carriage-return noise of a bar."""
+    carriage-return noise of a bar. Under a time budget (``budget_s``, the recipe's ``budget_minutes``) the run
+    ends when the budget is spent, so the time left is the budget's when that comes first."""
 
-    def __init__(self, start_epoch: int, epochs: int, steps: int, *, enabled: bool) -> None:
-        self.epochs, self.steps, self.enabled = epochs, steps, enabled
+    def __init__(
+        self, start_epoch: int, epochs: int, steps: int, *, enabled: bool, budget_s: float | None = None
+    ) -> None:
+        self.epochs, self.steps, self.enabled, self.budget_s = epochs, steps, enabled, budget_s
         self.done = self.first = start_epoch * steps  # steps of the run done, and done before this process
         self.total = epochs * steps
         self.t0 = time.time()
@@ -69,6 +72,8 @@ class ProgressLine:
         elif (i + 1) % self.every == 0 or i + 1 == self.steps:
             seconds = time.time() - self.t0
             left = seconds / (self.done - self.first) * (self.total - self.done)
+            if self.budget_s is not None:
+                left = min(left, max(self.budget_s - seconds, 0.0))
             print(
                 f"epoch {epoch + 1}/{self.epochs} step {i + 1}/{self.steps} ({100 * self.done / self.total:.0f}%) "
                 f"loss {loss.item():.4f} lr {lr:.2e} elapsed {_clock(seconds)} ETA {_clock(left)}",

@@ -1,0 +1,197 @@
+"""Fine-tuning that fits its budget (``vit_core.training.lpft``): the strategy chosen from the measured speed, the probe's
+cached features and its fit, the probe's calibration from those features, LP-FT's frozen blocks; and the command
+line's budget ETA, the missing bundled model and a temperature the held-out images cannot set."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import vit_core
+from train.__main__ import main as train_main
+from vit_core.calibration import MIN_TEMPERATURE, at_search_edge, fit_temperature
+from vit_core.data import build_transform, load_image
+from vit_core.training.evaluation import calibrate_model
+from vit_core.training.finetune import PROBE_NAME, Progress, finetune_folder
+from vit_core.training.lpft import FeatureNet, FeaturePairs, Speed, cache_features, choose_strategy, fit_probe
+from vit_core.training.progress import ProgressLine
+
+from .test_engine import TINY, make_image_folder, one_thread  # noqa: F401  (autouse fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = dict(epochs=2, batch_size=8, cpu_precision="fp32", channels_last=False)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """Two classes of 24 noisy squares (``train/``) and a tiny 2-block ViT to start from."""
+    root = tmp_path_factory.mktemp("photos")
+    make_image_folder(root, n_per_class=24, size=12)
+    init = vit_core.create_model(vit_core.ViTConfig(**(TINY | dict(depth=2)), num_classes=10))
+    vit_core.save_pretrained(init, root / "init")
+    return root
+
+
+def test_the_progress_line_eta_is_the_budgets(monkeypatch, capsys):
+    """100 epochs of 4 one-second steps would take 400 s; a 60 s budget ends the run after 60, so after 4 steps
+    the line says 56 s are left."""
+    clock = iter(range(1000))
+    monkeypatch.setattr("vit_core.training.progress.time.time", lambda: float(next(clock)))
+    bar = ProgressLine(0, 100, 4, enabled=True, budget_s=60)
+    for i in range(4):
+        bar.step(0, i, torch.tensor(0.5), 0.01)
+    bar.close()
+    assert "ETA 0:00:56" in capsys.readouterr().err
+
+
+def test_an_installed_recipe_without_its_bundled_model_says_what_to_give(folder, tmp_path, capsys):
+    """The recipe file as ``pip install .`` places it (``site-packages/train/recipes/``): no ``models/`` beside it."""
+    recipe = tmp_path / "site" / "train" / "recipes" / "finetune_folder.py"
+    recipe.parent.mkdir(parents=True)
+    shutil.copy(REPO / "train" / "recipes" / "finetune_folder.py", recipe)
+    argv = ["--recipe", str(recipe), "--data", str(folder / "train"), "--out", str(tmp_path / "run")]
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--init" in err and "timm:" in err and "bundled model cifar10_speedrun" in err
+    assert "no such file" not in err and not (tmp_path / "run").exists()
+
+
+def test_a_temperature_at_the_edge_of_its_search_is_not_kept(folder, tmp_path):
+    """Held-out images all right with a wide margin: the fit runs to T = 0.011, the grid's end; the model keeps
+    T = 1 and its calibration says why. (Three images a class, one held out; the head alone trained: a probe's
+    margins on two clean training images a class are wide.)"""
+    logits = [torch.tensor([[4.0, -4.0], [-4.0, 4.0]])]
+    t = fit_temperature(logits, [1.0], torch.tensor([0, 1]))
+    assert t < 1.2 * MIN_TEMPERATURE and at_search_edge(t) and not at_search_edge(1.0) and not at_search_edge(0.05)
+    tiny = tmp_path / "tiny"
+    for cls in ("blue", "red"):
+        (tiny / cls).mkdir(parents=True)
+        for f in sorted((folder / "train" / cls).iterdir())[:3]:
+            shutil.copy(f, tiny / cls / f.name)
+    r = finetune_folder(tiny, folder / "init", tmp_path / "run", minutes=None, strategy="probe",
+                        overrides=dict(QUICK, batch_size=2))  # fmt: skip
+    assert (r.train_images, r.val_images) == (4, 2) and r.val_accuracy == 100 and r.temperature == 1.0
+    cal = vit_core.from_pretrained(tmp_path / "run").calibration
+    assert cal.temperature == 1.0 and cal.fitted_on.startswith("T = 1 kept: the held-out images could not set")
+    assert "could not set the temperature" in (tmp_path / "run" / "README.md").read_text()
+
+
+def test_the_strategy_follows_the_budget():
+    """Whole-model fine-tuning when it gets 5 epochs; else LP-FT with the most last blocks that get 2 epochs after
+    the features and the calibration's passes; else the head alone, with at least one pass over every photo."""
+    fast = choose_strategy(Speed(0.001, 0.003), 200, 50, 12, 180)
+    assert fast.name == "full" and fast.copies == 0 and fast.steps == 276 * (200 // 32)  # 180 s / 0.65 s an epoch
+    # features 2*250*0.1 = 50 s, calibration 400*0.1 = 40 s: 90 s left; an epoch of k of 12 blocks:
+    # 200 * (0.1 + k / 12 * 0.9) + 5 = 25 + 15 k s, so k = 1 (2 epochs: 80 s) fits and k = 2 (110 s) does not
+    mid = choose_strategy(Speed(0.1, 1.0), 200, 50, 12, 180)
+    assert (mid.name, mid.blocks, mid.copies) == ("lp-ft", 1, 2) and "last 1 of 12 blocks" in mid.reason
+    slow = choose_strategy(Speed(0.35, 2.5), 194, 49, 12, 180)  # ViT-B/16 on this CPU: no block gets 2 epochs
+    assert (slow.name, slow.blocks, slow.copies, slow.tta) == ("probe", 0, 2, "flip") and ". " not in slow.reason
+    hopeless = choose_strategy(Speed(2.0, 10.0), 194, 49, 12, 180)  # not even one view of each: no mirrors
+    assert (hopeless.name, hopeless.copies, hopeless.tta) == ("probe", 1, None)
+
+
+def test_cached_features_equal_a_fresh_forward_of_each_file(folder):
+    model = vit_core.from_pretrained(folder / "init").eval()
+    dataset = vit_core.data.build_dataset(
+        str(folder / "train"), "train", transform=build_transform(model.pretrained_cfg)
+    )
+    plain = cache_features(model, dataset, batch_size=7)
+    mirror = cache_features(model, dataset, batch_size=7, mirror=True)
+    tf = build_transform(model.pretrained_cfg)
+    for i, (path, _) in enumerate(dataset.samples):
+        x = tf(load_image(path))[None]
+        with torch.no_grad():
+            ref = model.forward_head(model.forward_features(x), pre_logits=True)
+            ref_mirror = model.forward_head(model.forward_features(x.flip(-1)), pre_logits=True)
+        torch.testing.assert_close(plain[i], ref[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mirror[i], ref_mirror[0], rtol=1e-5, atol=1e-5)
+
+
+def test_the_probe_minimises_its_objective_and_separates_about_as_well_as_any_line():
+    """Two overlapping Gaussian blobs in 2-D. Its objective is no higher than the least of a brute-force grid over
+    every two-class logistic model (the logit difference v.x + c; the L2 term then wd/4 |v|^2), and its training
+    accuracy is within 3 points of the best line (3,600 directions x every cut along each)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(100, 2, generator=g) + torch.tensor([2.0, 1.0]), torch.randn(100, 2, generator=g)])
+    y = torch.cat([torch.zeros(100), torch.ones(100)]).long()
+    w, b = fit_probe(x, y, 2, weight_decay=1e-2)
+    z = x.double() @ w.double().T + b.double()
+    loss = torch.nn.functional.cross_entropy(z, y).item() + 1e-2 / 2 * w.double().square().sum().item()
+    axis = torch.linspace(-4, 4, 81, dtype=torch.float64)
+    v1, v2, c = torch.meshgrid(axis, axis, axis, indexing="ij")
+    d = v1.reshape(-1, 1) * x[:, 0].double() + v2.reshape(-1, 1) * x[:, 1].double() + c.reshape(-1, 1)
+    sign = 2 * y.double() - 1  # class 1's logit minus class 0's is d
+    grid = torch.nn.functional.softplus(-sign * d).mean(1) + 1e-2 / 4 * (v1.square() + v2.square()).reshape(-1)
+    assert loss <= grid.min().item() + 1e-9
+    probe = ((z.argmax(-1) == y).double().mean()).item()
+    best = 0.0
+    for k in range(3600):
+        a = 2 * math.pi * k / 3600
+        order = (x @ torch.tensor([math.cos(a), math.sin(a)])).argsort()
+        ones_below = torch.cat([torch.zeros(1), (y[order] == 1).cumsum(0).float()])  # class 1 below each cut
+        zeros_above = (y == 0).sum() - torch.cat([torch.zeros(1), (y[order] == 0).cumsum(0).float()])
+        best = max(best, ((ones_below + zeros_above).max() / len(y)).item())
+    assert best - 0.03 <= probe <= best
+
+
+def test_the_probe_calibrated_from_cached_features_as_from_the_model_itself(folder):
+    """``FeatureNet`` over (image, mirror) feature pairs gives ``calibrate_model`` what the model gives it from
+    the images: the same temperature, OOD statistics and threshold."""
+    model = vit_core.from_pretrained(folder / "init").eval()
+    model.reset_classifier(2, ["blue", "red"])
+    torch.nn.init.normal_(model.head.weight, generator=torch.Generator().manual_seed(0))
+    tf = build_transform(model.pretrained_cfg)
+    data = vit_core.data.build_dataset(str(folder / "train"), "train", transform=tf)
+    held, fit = torch.utils.data.Subset(data, range(0, 48, 3)), torch.utils.data.Subset(data, range(1, 48, 3))
+    held.transform = fit.transform = None
+    pairs = [FeaturePairs(cache_features(model, d), cache_features(model, d, mirror=True), data.targets[d.indices])
+             for d in (held, fit)]  # fmt: skip
+    names = dict(held_out_name="h", fit_name="f", progress=False)
+    direct, report = calibrate_model(model, held, fit, **names)
+    cached, report_cached = calibrate_model(FeatureNet(model), *pairs, **names)
+    assert cached.temperature == pytest.approx(direct.temperature, rel=1e-4)
+    assert report_cached["threshold"] == pytest.approx(report["threshold"], rel=1e-4)
+    for k, v in direct.ood.statistics.items():
+        torch.testing.assert_close(cached.ood.statistics[k], v, rtol=1e-4, atol=1e-4)
+
+
+def test_a_probe_run_reports_its_strategy_and_writes_the_result_page_data(folder, tmp_path):
+    events: list[Progress] = []
+    out = tmp_path / "run"
+    r = finetune_folder(folder / "train", folder / "init", out, minutes=None, strategy="probe",
+                        overrides=QUICK, on_progress=events.append)  # fmt: skip
+    assert r.complete and r.strategy == "probe" and r.steps == 0 and r.temperature is not None
+    assert r.strategy_reason == "probe was asked for" and all(e.strategy == r.strategy_reason for e in events[1:])
+    assert [e.phase for e in events] == ["loading", "features", "calibrating", "done"]
+    d = r.details
+    assert sum(map(sum, d["confusion"])) == r.val_images == 10 and d["ece"] >= 0 and d["threshold"] == r.ood_threshold
+    right = sum(d["confusion"][k][k] for k in range(2))
+    assert 100 * right / 10 == pytest.approx(r.val_accuracy) and len(d["misclassified"]) == 10 - right
+    assert all((folder / "train" / m["file"]).is_file() and m["label"] != m["predicted"] for m in d["misclassified"])
+    model = vit_core.from_pretrained(out)
+    assert model.calibration.ood is not None and model.label_names == ["blue", "red"]
+    card = (out / "README.md").read_text()
+    assert "## Held-out results" in card and "Strategy: probe: probe was asked for" in card
+    held = json.loads((out / "eval_held-out_flip.json").read_text())
+    assert held["top1"] == pytest.approx(r.val_accuracy)
+
+
+def test_lp_ft_fine_tunes_from_the_probes_head_with_the_stem_frozen(folder, tmp_path):
+    """With a learning rate of 0 the fine-tuning moves nothing: the result is the probe's checkpoint, whose head
+    is the probe fitted on the cached features of every training image and its mirror."""
+    out = tmp_path / "run"
+    zero = dict(QUICK, lr=0.0, warmup_lr=0.0, min_lr=0.0)
+    r = finetune_folder(folder / "train", folder / "init", out, minutes=None, strategy="lp-ft", overrides=zero)
+    assert r.strategy == "lp-ft" and r.steps > 0
+    probe, tuned = vit_core.from_pretrained(out / PROBE_NAME), vit_core.from_pretrained(out)
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["keep_head"] and recipe["freeze"] == ["patch_embed"] and recipe["init"] == str(out / PROBE_NAME)
+    for k, v in probe.state_dict().items():
+        torch.testing.assert_close(tuned.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    assert probe.head.weight.abs().sum() > 0
