@@ -99,7 +99,9 @@ def test_a_spent_budget_ends_the_run_with_its_schedule_annealed(folder, tmp_path
     """A budget far shorter than one step: the run stops after its first step, and the learning rate, which runs
     on the clock, has reached its end (min_lr) however few steps were taken."""
     quick = dict(QUICK, epochs=50, min_lr=1e-4)
-    r = finetune_folder(folder / "train", folder / "init", tmp_path / "run", minutes=1e-6, strategy="full", overrides=quick)
+    r = finetune_folder(
+        folder / "train", folder / "init", tmp_path / "run", minutes=1e-6, strategy="full", overrides=quick
+    )
     last = r.history[-1]
     assert r.complete and r.steps == 1 and last["stopped"] == "budget" and last["lr"] == pytest.approx(1e-4)
     assert "ended when its time budget was spent" in (tmp_path / "run" / "README.md").read_text()

@@ -1,8 +1,9 @@
 """The Train tab's training process: ``python -m webapp.finetune_worker JOB.json`` runs
 ``vit_core.training.finetune.finetune_folder`` on the job's folder and prints one JSON line per progress report (the
 ``Progress`` fields), then a ``{"result": ...}`` line (``FinetuneResult``'s fields: the strategy and why, and the
-held-out ``details``: per-class accuracy, confusion matrix, misclassified files, ECE, threshold). It stops after the current step once the job's stop file
-exists (the Cancel button). Everything else it prints goes to its log (stderr).
+held-out ``details``: per-class accuracy, confusion matrix, misclassified files, ECE, threshold). It stops after
+the current step once the job's stop file exists (the Cancel button). Everything else it prints goes to its log
+(stderr).
 
 A process of its own rather than a thread of the server (``webapp.training``): torch's thread count is
 process-wide (``torch.set_num_threads`` in a thread would slow every other visitor's Classify), a process's
