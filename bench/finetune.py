@@ -80,8 +80,16 @@ def run_point(name: str, dataset: str, init: str, per_class: int | None, minutes
     t0 = time.time()
     start = str(BUNDLED) if init == "bundled" else None
     extra = scratch_overrides() if init == "scratch" else {}
+    recipe_keys = {k: v for k, v in overrides.items() if k != "strategy"}  # strategy: finetune_folder's own
     r = finetune_folder(
-        data, start, out, minutes=minutes, image_size=IMAGE_SIZE, overrides=extra | overrides, overwrite=True
+        data,
+        start,
+        out,
+        minutes=minutes,
+        image_size=IMAGE_SIZE,
+        strategy=overrides.get("strategy", "auto"),
+        overrides=extra | recipe_keys,
+        overwrite=True,
     )
     total = time.time() - t0
     ev = {"top1": None, "ece": None, "count": 0}
@@ -103,6 +111,8 @@ def run_point(name: str, dataset: str, init: str, per_class: int | None, minutes
         "steps": r.steps,
         "epochs": len(r.history),
         "temperature": r.temperature,
+        "strategy": r.strategy,
+        "load": os.getloadavg()[0],
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
         "overrides": overrides,
     }
@@ -117,6 +127,10 @@ def plan(sweep: bool) -> list[tuple[str, str, str, int | None, float, dict]]:
                 "64px": {"model_args": {"img_size": 64}},
                 "32px_freeze_stem": {"freeze": ["patch_embed.backbone"]},
                 "32px_lr3e-3": {"lr": 3e-3},
+                "32px_full_again": {"strategy": "full"},  # 32px under the load the LP-FT points ran under
+                "32px_lpft": {"strategy": "lp-ft"},
+                "64px_lpft": {"strategy": "lp-ft", "model_args": {"img_size": 64}},
+                "64px_probe": {"strategy": "probe", "model_args": {"img_size": 64}},
             }.items()
         ]
     points = [(f"{s}_{i}", s, i, None, m, {}) for s, (m, _) in TARGETS.items() for i in ("bundled", "scratch")]

@@ -1,4 +1,4 @@
-"""Fine-tuning that fits its budget (``vit_core.training.lpft``): the strategy chosen from the measured speed, the probe's
+"""Fine-tuning that fits its budget (``training.lpft``): the strategy chosen from the measured speed, the probe's
 cached features and its fit, the probe's calibration from those features, LP-FT's frozen blocks; and the command
 line's budget ETA, the missing bundled model and a temperature the held-out images cannot set."""
 
@@ -195,3 +195,14 @@ def test_lp_ft_fine_tunes_from_the_probes_head_with_the_stem_frozen(folder, tmp_
     for k, v in probe.state_dict().items():
         torch.testing.assert_close(tuned.state_dict()[k], v, rtol=0, atol=0, msg=k)
     assert probe.head.weight.abs().sum() > 0
+
+
+def test_the_command_line_fine_tunes_a_folder_with_the_strategy_asked_for(folder, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["--recipe", "finetune_folder", "--data", str(folder / "train"), "--init", str(folder / "init")]
+    argv += ["--minutes", "2", "--strategy", "probe", "--out", str(out), "--no-progress", "--set", "batch_size=8"]
+    assert train_main(argv) == 0
+    assert "probe: probe was asked for; calibrated on the held-out images" in capsys.readouterr().out
+    assert json.loads((out / "recipe.json").read_text())["budget_minutes"] == 2
+    assert vit_core.from_pretrained(out).calibration.ood is not None
+    assert "Strategy: probe" in (out / "README.md").read_text()

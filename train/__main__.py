@@ -31,8 +31,7 @@ from vit_core.calibration import MAX_TEMPERATURE, MIN_TEMPERATURE
 from vit_core.calibration.ood import SCORES
 from vit_core.data import ImageDataError
 from vit_core.io.calibration_file import write_calibration
-from vit_core.io.files import CHECKPOINT_NAME, RECIPE_NAME, CheckpointError
-from vit_core.training.engine import train
+from vit_core.io.files import RECIPE_NAME, CheckpointError
 from vit_core.training.evaluation import (
     HELD_OUT,
     OOD_FIT,
@@ -42,11 +41,12 @@ from vit_core.training.evaluation import (
     format_confusion,
     write_eval,
 )
-from vit_core.training.finetune import CARD_NAME, finish_run
+from vit_core.training.finetune import CARD_NAME, STRATEGIES, finetune_folder
 from vit_core.training.recipe import Recipe, RecipeError
 from vit_core.training.run_folder import DiskFullError
 
 from . import apply_overrides, fit_warmup, load_recipe, missing_start, override, recipe_listing
+from .run import run_by_engine
 
 USER_ERRORS = (
     RecipeError,
@@ -105,6 +105,12 @@ def train_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="any recipe key, e.g. augment.re_prob=0.25",
+    )
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="auto",
+        help="a folder fine-tuned within --minutes (finetune_folder): auto picks full, lp-ft or probe from the speed",
     )
     p.add_argument("--push-to-hub", metavar="REPO", help="upload the run to this Hugging Face Hub repo afterwards")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
@@ -221,31 +227,17 @@ def run_train(argv: list[str]) -> None:
     missing_start(recipe, base, args.recipe)
     if note and not args.resume:
         print(note, file=sys.stderr)
-    recipe = Recipe.from_dict(recipe)
-    resume = f"python -m train --resume --out {args.out}"
-    try:
-        result = train(
-            recipe,
-            args.out,
-            resume=args.resume,
-            stop_after=args.stop_after,
-            progress=not args.no_progress,
-            overwrite=args.overwrite,
+    recipe, world = Recipe.from_dict(recipe), int(os.environ.get("WORLD_SIZE", "1"))
+    if recipe.val_fraction is not None and recipe.budget_minutes is not None and not args.resume and world == 1:
+        # a folder within a budget: the strategy the measured speed affords, as the Train tab (training.finetune)
+        minutes, progress = recipe.budget_minutes, not args.no_progress
+        r = finetune_folder(recipe.data, recipe.init, args.out, minutes=minutes, strategy=args.strategy,
+                            overrides=recipe.to_dict(), overwrite=args.overwrite, progress_bar=progress)  # fmt: skip
+        print(
+            f"{r.strategy}: {r.strategy_reason}; calibrated on the held-out images; wrote {Path(args.out) / CARD_NAME}"
         )
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; continue with: {resume}", file=sys.stderr)
-        raise SystemExit(130) from None
-    except DiskFullError as e:
-        then = (
-            f"continue with: {resume}"
-            if (Path(args.out) / CHECKPOINT_NAME).is_file()
-            else "start it again with --overwrite"
-        )
-        raise DiskFullError(f"{e}; free some space, then {then}") from None
-    if recipe.val_fraction is not None and int(os.environ.get("RANK", "0")) == 0:
-        # the held-out images calibrate the model, and the folder gets its model card (vit_core.training.finetune)
-        finish_run(Path(args.out), recipe, result, calibrate=result.stopped != "asked", progress=not args.no_progress)
-        print(f"calibrated on the held-out images; wrote {Path(args.out) / CARD_NAME}")
+    else:
+        run_by_engine(args, recipe)
     if args.push_to_hub and int(os.environ.get("RANK", "0")) == 0:
         from vit_core.io.hub import push_to_hub
 

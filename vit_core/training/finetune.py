@@ -100,11 +100,11 @@ class FinetuneResult:
     temperature: float | None
     ood_threshold: float | None
     steps: int
-    train_seconds: float
+    train_seconds: float  # from the call to the end of the training: loading, the probe's features included
     history: list[dict[str, Any]]
     strategy: str  # "full", "lp-ft" or "probe" (vit_core.training.lpft.Strategy)
     strategy_reason: str  # why, one sentence
-    details: dict[str, Any]  # for a result page (vit_core.training.held_out.held_out_details, ece, threshold); {} if cancelled
+    details: dict[str, Any]  # for a result page (held_out.held_out_details, ece, threshold); {} if cancelled
 
 
 @dataclass
@@ -187,13 +187,14 @@ def finetune_folder(
                 path.unlink()
     plan, features = Strategy("full", 0, 0, "no time budget: the recipe's epochs fine-tune the whole model", 0), None
     if strategy != "full" and (recipe.budget_minutes is not None or strategy != "auto"):
-        plan, recipe, features = _probe_first(recipe, out, strategy, t0, report, progress_bar)
+        plan, recipe, features = _probe_first(recipe, out, strategy, t0, report)
     watch = _Watch(report, t0, recipe, plan)
     if plan.name == "probe":
         result = features.result
     else:
         result = train(recipe, out, progress=progress_bar, overwrite=True, hooks=watch.hooks(should_stop))
         features = None
+    trained_s = time.time() - t0  # loading, timing, the probe's features and the training
     complete = result.stopped != "asked"
     if complete:
         report(watch.progress("calibrating", 0.0))
@@ -216,7 +217,7 @@ def finetune_folder(
         temperature=measured.get("temperature"),
         ood_threshold=measured.get("threshold"),
         steps=watch.step,
-        train_seconds=result.history[-1]["elapsed_s"],
+        train_seconds=trained_s,
         history=result.history,
         strategy=plan.name,
         strategy_reason=plan.reason,
@@ -225,25 +226,26 @@ def finetune_folder(
 
 
 def _probe_first(
-    recipe: Recipe, out: Path, strategy: str, t0: float, report: Callable[[Progress], None], progress: bool
+    recipe: Recipe, out: Path, strategy: str, t0: float, report: Callable[[Progress], None]
 ) -> tuple[Strategy, Recipe, ProbeFeatures | None]:
     """Measure, choose, and for "lp-ft" and "probe" fit the linear probe on cached features (Kumar et al. 2022).
     Returns the strategy, the recipe the engine then runs ("lp-ft": from the probe's checkpoint, its head kept,
     the first blocks frozen, on what is left of the budget) and, for "probe", what ``finish_run`` calibrates
     from (``ProbeFeatures``)."""
     model = load_init(recipe.init, **recipe.model_args)
-    train_set, held_out = build_datasets(recipe, model.config.pretrained_cfg())
-    net = build_network(recipe, model, list(train_set.classes), train_set)
-    depth, budget = len(net.blocks), 60 * (recipe.budget_minutes or 0.0)
-    if strategy == "auto":
-        speed = measure_speed(net, net.config.img_hw)
+    depth, budget = len(model.blocks), 60 * (recipe.budget_minutes or 0.0)
+    if strategy == "auto":  # timed before any photo is decoded: "full" leaves that to the engine
+        kept, held = stratified_split(build_dataset(recipe.data, "train").targets, recipe.val_fraction)
+        speed = measure_speed(model, model.config.img_hw)
         left = budget - (time.time() - t0)
-        plan = choose_strategy(speed, len(train_set), len(held_out), depth, left, recipe.batch_size)
+        plan = choose_strategy(speed, len(kept), len(held), depth, left, recipe.batch_size)
     else:  # forced: LP-FT fine-tunes every block after the probe
         plan = Strategy(strategy, depth if strategy == "lp-ft" else 0, 2, f"{strategy} was asked for", 0)
     report(Progress("features", total_steps=plan.steps, elapsed_s=time.time() - t0, strategy=plan.reason))
     if plan.name == "full":
         return plan, recipe, None
+    train_set, held_out = build_datasets(recipe, model.config.pretrained_cfg())
+    net = build_network(recipe, model, list(train_set.classes), train_set)
     plain_tf = build_transform(net.pretrained_cfg)
     plain = with_transform(train_set, plain_tf)
     views = [cache_features(net, plain, desc="features")]
