@@ -29,6 +29,7 @@ from vit_core.io.calibration_file import OOD_NAME, write_calibration
 from vit_core.io.model_card import render_model_card
 from webapp.model_info import UNSURE_BELOW, facts, verdict
 
+from .test_docs import marked_block
 from .test_engine import make_image_folder, one_thread  # noqa: F401  (autouse fixture)
 
 LABELS = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -444,18 +445,15 @@ def test_class_subset_keeps_and_relabels_the_named_classes(tmp_path):
 
 
 def test_a_new_ood_score_is_one_entry_of_the_table(tmp_path, monkeypatch, capsys):
-    """Adding a score is an entry of ``ood.SCORES`` plus its functions, and no other code: here the distance to
+    """Adding a score is an entry of ``ood.SCORES`` plus its functions, and no other code (docs/extending.md's
+    example, run from the page): here the distance to
     the mean of the training images' features, through ``train calibrate`` (its statistic fitted on training
     images [0, 40), its threshold the 95% quantile of held-out images [40, 60)), the checks on loading (the
     file's shapes against the entry's), ``from_pretrained`` and ``predict``, each against brute force."""
 
-    def fit_centre(features: torch.Tensor, labels: torch.Tensor, num_classes: int, head) -> dict[str, torch.Tensor]:
-        return {"centre": features.double().mean(0).float()}
-
-    def centre(probs, logits, features, statistics) -> torch.Tensor:
-        return torch.stack([(f.double() - statistics["centre"].double()).norm(dim=-1) for f in features]).mean(0)
-
-    monkeypatch.setitem(ood.SCORES, "centre", ood.Score(centre, fit_centre, {"centre": (ood.FEATURES,)}))
+    doc: dict = {}
+    exec(marked_block("score"), doc)  # docs/extending.md's example score, added as the page says
+    monkeypatch.setitem(ood.SCORES, "centre", doc["CENTRE"])
     data = make_image_folder(tmp_path / "data", n_per_class=30)
     folder = tmp_path / "m"
     vit_core.save_pretrained(_model(img_size=8, patch_size=4, num_classes=2, label_names=("blue", "red")), folder)

@@ -36,6 +36,13 @@ def code_blocks(lang: str) -> list[tuple[str, str | None, str]]:
     ]
 
 
+def marked_block(marker: str) -> str:
+    """The one Python block of the docs marked ``<!-- docs-test: marker -->``: a page's example that a test runs
+    as the page says (``docs/extending.md``'s method, score, tab and recipe)."""
+    (code,) = [code for _, m, code in code_blocks("python") if m == marker]
+    return code
+
+
 def commands(code: str) -> list[list[str]]:
     """The simple commands of a bash block: continuations joined, comments dropped, split at && || ; |."""
     out: list[list[str]] = []

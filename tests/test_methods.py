@@ -32,32 +32,16 @@ from webapp.tabs import batch, classify, compare
 from webapp.ui.context import Context
 from webapp.ui.endpoints import Request
 
+from .test_docs import marked_block
+
 CPU = torch.device("cpu")
 NAMES = ("plane", "car", "bird", "cat", "deer")
 
 
-def brightness(
-    model: torch.nn.Module, images: torch.Tensor, target: int | None = None, return_logits: bool = False
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Each token's mean input value, shifted to minimum 0: no explanation, only a map no code knows about,
-    with a method function's signature (``target=``, ``return_logits=``) and its checks."""
-    with torch.no_grad():
-        logits = model(images)
-    explain.target_classes(target, logits)
-    maps = F.adaptive_avg_pool2d(images.mean(1, keepdim=True), explain.token_grid(model, images))[:, 0]
-    maps = maps - maps.amin(dim=(1, 2), keepdim=True)
-    return (logits, maps) if return_logits else maps
-
-
-NEW = methods.Method(
-    "brightness",
-    "Brightness (test)",
-    brightness,
-    per_class=True,
-    batchable=True,
-    cost=methods.Cost(backward=1),
-    description="each patch's mean brightness (a test's method)",
-)
+# docs/extending.md's example method, run as the page says: its function and its entry of the table
+_DOC: dict = {}
+exec(marked_block("method"), _DOC)
+brightness, NEW = _DOC["brightness"], _DOC["BRIGHTNESS"]
 
 # The one list of the methods written out here, independent of the table: each key's library function and the
 # paper its description must name. The tests derive every other list from ``methods.METHODS`` and check it

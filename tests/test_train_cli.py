@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -27,6 +28,7 @@ from train import apply_overrides, first_sentence, fit_warmup, list_recipes, loa
 from train.__main__ import calibrate_parser, eval_parser, main, train_parser
 from vit_core.training.recipe import Recipe, RecipeError
 
+from .test_docs import marked_block
 from .test_engine import TINY, make_image_folder, one_thread  # noqa: F401  (autouse fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -502,3 +504,22 @@ def test_torchrun_one_process_killed_and_resumed_has_the_plain_runs_losses(tmp_p
     assert len(plain) == 3 and plain == ddp
     assert plain[-1]["train_loss"] < plain[0]["train_loss"]
     assert r["weight_diff"] == 0
+
+
+def test_the_recipe_docs_extending_md_adds_is_listed_and_trains(tmp_path, monkeypatch, capsys):
+    """docs/extending.md's "A recipe", followed: its block saved as a file of the recipes folder (here a copy of it,
+    with the parent it loads) is listed by its first sentence and trains, the run folder holding what it changed."""
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    shutil.copy(REPO / "train" / "recipes" / "mnist_tiny.py", recipes)
+    (recipes / "mnist_half.py").write_text(marked_block("recipe"))
+    monkeypatch.setattr(train, "RECIPES_DIR", recipes)
+    assert "mnist_half  mnist_tiny for one epoch at half its learning rate, a quick check of a change." in (
+        recipe_listing(200)
+    )
+    data, out = make_image_folder(tmp_path / "data"), tmp_path / "run"
+    args = ["--no-progress", "--recipe", "mnist_half", "--data", str(data), "--out", str(out), *TINY_SETS]
+    assert main([*args, "device='cpu'"]) == 0
+    ran = json.loads((out / "recipe.json").read_text())
+    assert (ran["epochs"], ran["lr"]) == (1, load_recipe("mnist_tiny")["lr"] / 2)
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
