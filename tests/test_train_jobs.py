@@ -145,8 +145,13 @@ def test_a_server_removes_the_training_folders_of_dead_processes_at_start(tmp_pa
     (dead / ".in-use").touch()  # a lock file no process holds
     os.utime(dead, (time.time() - 60, time.time() - 60))
     os.utime(live, (time.time() - 60, time.time() - 60))
+    unlocked = Path(tempfiles.tempfile.mkdtemp(prefix="vit-test-train-"))  # an older version's, maybe live
+    os.utime(unlocked, (time.time() - 60, time.time() - 60))
     assert tempfiles.sweep_dead_folders("vit-test-train-") >= 1
-    assert not dead.exists() and live.is_dir()
+    assert not dead.exists() and live.is_dir() and unlocked.is_dir()
+    os.utime(unlocked, (time.time() - 2 * tempfiles.UNLOCKED_STALE_S,) * 2)
+    tempfiles.sweep_dead_folders("vit-test-train-")
+    assert not unlocked.exists()
 
 
 def test_what_training_holds_is_capped_per_address_and_in_all(public_ctx, monkeypatch):

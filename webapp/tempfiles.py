@@ -128,17 +128,25 @@ def own_folder(prefix: str) -> Path:
     return folder
 
 
+UNLOCKED_STALE_S = 86400.0  # a folder without ``own_folder``'s lock file (an older version's) is removed after a day
+
+
 def sweep_dead_folders(prefix: str, started: float | None = None) -> int:
     """Remove the ``<tmp>/<prefix>*`` folders no live process holds (``own_folder``'s lock can be taken) and
-    that are older than ``started`` (default now: one being made this instant has no lock yet). Returns how
-    many."""
+    that are older than ``started`` (default now: one being made this instant has no lock yet); one without a
+    lock file only when untouched for ``UNLOCKED_STALE_S``. Returns how many."""
     started = time.time() if started is None else started
     removed = 0
     for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
         try:
             if not folder.is_dir() or folder.is_symlink() or folder.stat().st_mtime >= started:
                 continue
-            with (folder / ".in-use").open("a") as lock:
+            if not (folder / ".in-use").exists():
+                if folder.stat().st_mtime < started - UNLOCKED_STALE_S:
+                    shutil.rmtree(folder)
+                    removed += 1
+                continue
+            with (folder / ".in-use").open("r") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: a live process holds it
                 shutil.rmtree(folder)
             removed += 1
