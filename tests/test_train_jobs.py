@@ -29,9 +29,9 @@ from webapp.trainset import Limits, Stopped, decode_folder, from_zip
 from webapp.ui.context import Context
 
 
-def _png(side: int, colour: tuple[int, int, int] = (10, 200, 30)) -> bytes:
+def _png(side: int) -> bytes:
     buf = io.BytesIO()
-    Image.new("RGB", (side, side), colour).save(buf, "PNG")
+    Image.new("RGB", (side, side), (10, 200, 30)).save(buf, "PNG")
     return buf.getvalue()
 
 
@@ -58,7 +58,8 @@ def _left_in(trainer: Trainer) -> list[str]:
 def test_a_zip_too_costly_to_decode_is_refused_from_its_headers(tmp_path):
     """40 one-colour 3,000 x 3,000 PNGs: a zip of under a megabyte that takes seconds to decode. Refused from the
     headers in milliseconds, without decoding one."""
-    members = {f"c{i % 2}/{i}.png": _png(3000) for i in range(40)}
+    png = _png(3000)
+    members = {f"c{i % 2}/{i}.png": png for i in range(40)}
     limits = Limits(max_images=100, max_classes=3, max_minutes=1, max_zip_mb=5, max_decode_mp=100)
     t = time.perf_counter()
     with pytest.raises(ValueError, match="too large to decode"):
@@ -81,7 +82,8 @@ def test_decoding_stops_at_the_stop_flag_and_the_deadline(tmp_path):
 def test_cancel_stops_a_job_while_it_decodes(ctx, tmp_path):
     """80 one-colour 3,000 x 3,000 PNGs take the training process ~12 s to decode here: Cancel, sent as soon as it
     reads them, ends the job within seconds with a sentence, and frees the slot and the job's folder."""
-    members = {f"c{i % 2}/{i}.png": _png(3000, (i, 100, 200)) for i in range(80)}
+    png = _png(3000)
+    members = {f"c{i % 2}/{i}.png": png for i in range(80)}
     photos = str(make_zip(tmp_path / "slow.zip", members))
     request = types.SimpleNamespace(session_hash="slow")
     updates, cancelled = [], None
