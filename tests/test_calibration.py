@@ -150,6 +150,33 @@ def test_ood_scores_are_their_brute_force_definitions():
         np.testing.assert_allclose(got.numpy(), want, rtol=2e-3, atol=2e-3, err_msg=score)
 
 
+@pytest.mark.parametrize("per_class", [1, 2])
+def test_mahalanobis_fits_the_smallest_training_sets_as_its_brute_force_definition(per_class):
+    """The app's smallest training set (2 classes of 2 photos) trains on one image a class: no spread within the
+    classes, S = 0, which ``linalg.inv`` refused (the job failed with a traceback). The ridge is then the
+    features' variance about their overall mean (squared Euclidean distances in units of it); with two images a
+    class (N < D), S is singular and the ridge is a millionth of its mean variance. Both against numpy, per image
+    and class."""
+    g = torch.Generator().manual_seed(1)
+    C, D = 2, 6
+    train_y = torch.arange(C).repeat(per_class)
+    train_f = torch.randn(len(train_y), D, generator=g, dtype=torch.float64)
+    f, y = train_f.numpy(), train_y.numpy()
+    means = np.stack([f[y == c].mean(0) for c in range(C)])
+    cov = sum(np.outer(f[i] - means[y[i]], f[i] - means[y[i]]) for i in range(len(f))) / len(f)
+    ridge = 1e-6 * np.trace(cov) / D if per_class > 1 else ((f - f.mean(0)) ** 2).mean()
+    prec = np.linalg.inv(cov + ridge * np.eye(D))
+    stats = fit_statistics("mahalanobis", train_f.float(), train_y, C)
+    assert torch.isfinite(stats["precision"]).all()
+    query = torch.randn(5, D, generator=g)
+    got = ood_scores("mahalanobis", probs=torch.zeros(5, C), logits=[], features=[query], statistics=stats)
+    want = [min((q - m) @ prec @ (q - m) for m in means) for q in query.double().numpy()]
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-3)
+    if per_class == 1:  # Euclidean over the overall spread
+        euclid = [min(((q - m) ** 2).sum() for m in means) / ridge for q in query.double().numpy()]
+        np.testing.assert_allclose(got.numpy(), euclid, rtol=1e-4)
+
+
 def test_auroc_and_fpr_are_their_pairwise_definitions():
     g = torch.Generator().manual_seed(0)
     inside = torch.randint(0, 20, (50,), generator=g).double()  # many ties

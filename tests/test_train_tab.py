@@ -7,6 +7,7 @@ refuses to push, and a short run trains, calibrates and serves a model of the zi
 from __future__ import annotations
 
 import io
+import time
 import types
 import zipfile
 from pathlib import Path
@@ -21,7 +22,7 @@ from webapp.admission import Busy, Gate, rss
 from webapp.options import Options
 from webapp.tabs import classify, train
 from webapp.training import PRIVATE_PREFIX, Trainer, TrainingBusy
-from webapp.trainset import PUBLIC, Limits, class_of, from_zip
+from webapp.trainset import PUBLIC, Limits, class_of, decode_folder, from_zip
 from webapp.ui.context import Context
 
 SMALL = Limits(max_images=40, max_classes=3, max_minutes=1, max_zip_mb=1)
@@ -77,6 +78,7 @@ def test_zip_becomes_a_folder_of_reencoded_images_under_our_names(tmp_path):
     }
     found = from_zip(make_zip(tmp_path / "p.zip", members), tmp_path / "data", SMALL)
     assert found.counts == {"ants": 2, "escape": 2, "weirdname": 2}
+    assert decode_folder(tmp_path / "data", lambda: False, time.time() + 60).counts == found.counts
     written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert written == [
         "data/ants/00000.jpg",
@@ -198,15 +200,22 @@ def test_a_short_run_trains_calibrates_and_serves_a_model_of_the_zip_classes(ctx
     """Six seconds of training from the bundled model on two classes; the last update switches the picker to the
     new model, which Classify then explains with the zip's class names."""
     request = types.SimpleNamespace(session_hash="s1")
-    updates = list(train.train(ctx, str(two_classes(tmp_path / "p.zip")), ctx.models.default, 0.1, False, request))
+    updates, names = [], set()
+    for update in train.train(ctx, str(two_classes(tmp_path / "p.zip")), ctx.models.default, 0.1, False, request):
+        updates.append(update)
+        if isinstance(update[3], dict) and update[3].get("value"):  # read as Gradio does, before the job ends
+            with zipfile.ZipFile(update[3]["value"]) as zf:
+                names = {Path(n).name for n in zf.namelist()}
     _, _, summary, download, picker = updates[-1]
     assert "Done" in summary and "red" in summary, updates[-2:]
     value = picker["value"] if isinstance(picker, dict) else picker.value
     assert value.startswith(PRIVATE_PREFIX)
-    with zipfile.ZipFile(download["value"]) as zf:
-        names = {Path(n).name for n in zf.namelist()}
     assert {"model.safetensors", "config.json", "README.md", "ood.safetensors"} <= names
     assert "checkpoint.pt" not in names
+    # the job's folder swept: no second copy of the zip, the run folder only what the download offers
+    out = ctx.models.trained.get(value).out
+    assert not Path(download["value"]).exists() and not any(ctx.trainer.root.glob("*/*.zip"))
+    assert {p.name for p in out.iterdir()} >= {"model.safetensors"} and not (out / "checkpoint.pt").exists()
     model, _ = ctx.models.get(value, wait=60)
     assert model.label_names == ["blue", "red"] and model.calibration is not None
     Image.new("RGB", (40, 40), (230, 40, 10)).save(tmp_path / "red.jpg")

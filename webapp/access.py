@@ -21,7 +21,7 @@ from vit_core.io.hub import HUB_ID
 
 from .catalog import BUNDLED, BUNDLED_LABEL, CURATED, ROOT, run_folders
 from .errors import quote
-from .trained import Trained, TrainedModels
+from .trained import NOT_YOURS, Trained, TrainedModels, caller
 
 PUBLIC_ROOTS = (ROOT / "models", ROOT / "runs")  # the only local folders public mode serves
 NOT_SERVED = "This app serves only the models in its list: choose one of them."
@@ -131,7 +131,7 @@ class Access:
         self.allow_any, self.public = allow_any, public
         self.listed: list[Choice] = []
         # models trained here (``webapp.training``), by a value only their trainer's session knows on a public
-        # server: served to whoever sends it, in public mode too
+        # server, where they are served to that session from that address only (``Trained.owned_by``)
         self.trained = TrainedModels()
         for choice in listed:
             self.add(choice)
@@ -157,6 +157,8 @@ class Access:
             raise ModelError("Choose a model first.")
         trained = self.trained.get(text)
         if trained is not None:
+            if self.public and not trained.owned_by(caller()):  # a private value, sent by someone else
+                raise ModelError(NOT_YOURS)
             return trained_choice(trained)
         for choice in self.listed:
             if text in (choice.value, choice.label):

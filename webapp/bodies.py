@@ -12,12 +12,18 @@ the server past 5 GB before any check ran. ``BodyLimits`` wraps the whole app, s
   most of a megabyte are answered "busy" (503) instead of being held in memory.
 - **Uploads** (``*/upload``) are bounded by ``queueing.UploadLimits`` (declared length, per file and in all).
 - **A client that hangs up** mid-request ends in one log line, not a traceback.
+- **Two streams of one session** (a page's ``/queue/data`` and a REST ``/call/<api>/<event>`` whose body named
+  the same ``session_hash``): when one ends the session's queue of messages, Gradio's other stream raises a 404
+  inside a response already started, which Starlette turned into a traceback in the log. That case only (a
+  stream route, a 404 after the response started) ends the stream quietly, in one log line (``_orphaned``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from .errors import log
@@ -66,15 +72,30 @@ class BodyLimits:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = False
+
+        async def sending(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
             if not is_upload(scope):
                 receive = await self._read(scope, receive)
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, sending)
         except TooLarge as e:
             log.info("refused a request to %s: %s", scope["path"][:100], e)
             await refuse(send, e.status, str(e))
         except ClientDisconnect:
             log.info("a client disconnected during its request to %s", scope["path"][:100])
+        except RuntimeError as e:
+            if not (started and _orphaned(scope, e)):
+                raise
+            log.info(
+                "a stream of a session ended: another stream of the same session closed it (%s)", scope["path"][:100]
+            )
+            with contextlib.suppress(Exception):  # the client may be gone too
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _read(self, scope: dict, receive: Callable) -> Callable:
         """The body read whole within the limits, and a ``receive`` that replays it."""
@@ -117,3 +138,12 @@ class BodyLimits:
             f"Request bodies are at most {self.max_bytes:,} bytes here (this one: {what}); "
             "images and archives go through the upload route."
         )
+
+
+def _orphaned(scope: dict, e: RuntimeError) -> bool:
+    """Whether ``e`` is Gradio's stream of a session finding the session's messages gone (a 404 raised inside
+    the started response of ``/queue/data`` or ``/call/<api>/<event>``)."""
+    path = scope["path"]
+    stream = scope["method"] == "GET" and (path.endswith("/queue/data") or "/call/" in path)
+    cause = e.__cause__
+    return stream and isinstance(cause, HTTPException) and cause.status_code == 404

@@ -5,6 +5,11 @@ held-out ``details``: per-class accuracy, confusion matrix, misclassified files,
 the current step once the job's stop file exists (the Cancel button). Everything else it prints goes to its log
 (stderr).
 
+First it decodes the photos the server only checked (``webapp.trainset.decode_folder``), inside the job's budget:
+the stop file and the deadline (the process's start plus the job's budget) are checked before each image, and
+what is left of the budget trains. A job that cannot train (cancelled or out of time while decoding, too few
+photos left that decode) prints ``{"error": sentence}`` and exits with ``REFUSED``; the server shows the sentence.
+
 A process of its own rather than a thread of the server (``webapp.training``): torch's thread count is
 process-wide (``torch.set_num_threads`` in a thread would slow every other visitor's Classify), a process's
 memory goes back to the system when it ends, and a crash or a kill takes the job only.
@@ -16,11 +21,16 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-from vit_core.training.finetune import finetune_folder
+from vit_core.training.finetune import Progress, finetune_folder
+from webapp.trainset import Stopped, decode_folder
+
+REFUSED = 3  # the exit status of a job refused with a sentence (its ``{"error": ...}`` line)
+MIN_TRAIN_S = 1.0  # less than this left of the budget after decoding: nothing worth training
 
 
 def main(job_file: str) -> None:
@@ -35,11 +45,20 @@ def main(job_file: str) -> None:
     job = json.loads(Path(job_file).read_text())
     torch.set_num_threads(job["threads"])
     stop = Path(job["stop_file"])
+    deadline = time.time() + 60 * job["minutes"]  # the budget from here: decoding, then training
+    _emit(dataclasses.asdict(Progress("loading")))
+    try:
+        decode_folder(Path(job["data"]), stop.exists, deadline, job.get("min_per_class", 2))
+        if deadline - time.time() < MIN_TRAIN_S:
+            raise ValueError("Reading the photos took the whole time budget: send smaller photos, or fewer.")
+    except (Stopped, ValueError) as e:
+        _emit({"error": str(e)})
+        sys.exit(REFUSED)
     result = finetune_folder(
         job["data"],
         job["init"],
         job["out"],
-        minutes=job["minutes"],
+        minutes=(deadline - time.time()) / 60,
         image_size=job["image_size"],
         on_progress=lambda p: _emit(dataclasses.asdict(p)),
         should_stop=stop.exists,

@@ -50,7 +50,7 @@ from .catalog import AUTO, BUNDLED_LABEL, imagenet_names
 from .errors import log, public, sentence
 from .memory import release_memory
 from .options import AUTO_MODEL, Options
-from .trained import TrainedModels
+from .trained import TrainedModels, caller
 
 LOAD_WORKERS = 2  # loads of different checkpoints in parallel, per kind (local, Hub); each is within --max-model-mb
 MAX_HUB_LOADS = 4  # Hub loads running or waiting for a worker; more are refused at once
@@ -159,7 +159,8 @@ class Models:
         """What the status line calls ``choice``: a model trained here by its label (its value is a token),
         any other as it was chosen."""
         trained = self.trained.get(choice)
-        return choice if trained is None else trained.label
+        mine = trained is not None and (not self.options.public or trained.owned_by(caller()))
+        return trained.label if mine else choice
 
     def forget(self, value: str) -> None:
         """Serve the trained model ``value`` no longer, and unload it."""

@@ -8,6 +8,8 @@ each REST ``/call`` (which has no session) left one behind under its event id. `
   session unused for ``IDLE_SECONDS`` (a page left open that long starts again from the defaults);
 - drops the state of a sessionless call (REST ``/call``, ``gradio_client`` without a session) when its request
   ends, so no request leaves state behind that nobody can come back for;
+- tells the handlers who calls (``trained.Caller``: the session hash and the address), which owns the
+  models trained here and their jobs;
 - reserves the room the sessions may still take (``SESSION_BYTES`` each) in the memory gate
   (``Gate.reserved``), so that requests admitted now still fit when the table fills.
 """
@@ -24,6 +26,8 @@ import gradio as gr
 
 from .admission import Gate
 from .errors import log
+from .queueing import client_ip
+from .trained import Caller, calling
 
 MAX_SESSIONS = 1000
 IDLE_SECONDS = 1800.0
@@ -52,7 +56,7 @@ class Sessions:
 
     def _drop_sessionless(self, demo: gr.Blocks) -> None:
         """A call without a session runs under its event id as session hash: its state goes when it ends
-        (unless it is a generator that will be called again)."""
+        (unless it is a generator that will be called again). Every call runs as its ``Caller``."""
         process_api = demo.process_api
 
         @functools.wraps(process_api)
@@ -60,7 +64,8 @@ class Sessions:
             session, event = kwargs.get("session_hash"), kwargs.get("event_id")
             generating = False
             try:
-                output = await process_api(*args, **kwargs)
+                with calling(_caller(session, kwargs.get("request"))):
+                    output = await process_api(*args, **kwargs)
                 generating = bool(output.get("is_generating"))
                 return output
             finally:
@@ -87,3 +92,11 @@ class Sessions:
         while True:
             time.sleep(SWEEP_SECONDS)
             self.sweep()
+
+
+def _caller(session: str | None, request: Any) -> Caller:
+    """Who sends a request Gradio is processing (a batch's: its first request's address); never None, which
+    would stand for the server itself."""
+    if isinstance(request, list):
+        request = request[0] if request else None
+    return Caller(session or "", client_ip(request) if request is not None else "unknown")

@@ -11,6 +11,9 @@
   the process dies, however it dies); a process that can take the lock exclusively at start is the only one
   using the folder and removes everything older than itself. Only in public mode, where the folder is the
   app's own: on a developer's machine ``/tmp/gradio`` may be shared with other Gradio apps.
+- **Folders of a process's own** (``own_folder``, ``sweep_dead_folders``): the Train tab's jobs run in a
+  ``vit-train-*`` temporary folder per process, locked the same way; at start a server removes those whose
+  process is gone (a killed server left its visitors' photos and models there for good).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import contextlib
 import contextvars
 import fcntl
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -107,4 +112,46 @@ def _sweep(folder: Path, started: float, keep: str) -> int:
         for name in dirs:
             with contextlib.suppress(OSError):  # not empty (a file newer than this process), or gone
                 os.rmdir(os.path.join(root, name))
+    return removed
+
+
+_owned: list[IO[str]] = []  # the locks of this process's own folders, held for its life
+
+
+def own_folder(prefix: str) -> Path:
+    """A new temporary folder ``<tmp>/<prefix>*`` that this process holds (a shared lock on its ``.in-use``
+    for the life of the process), so that ``sweep_dead_folders`` tells it apart from a dead process's."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    lock = (folder / ".in-use").open("a")
+    fcntl.flock(lock, fcntl.LOCK_SH)
+    _owned.append(lock)
+    return folder
+
+
+UNLOCKED_STALE_S = 86400.0  # a folder without ``own_folder``'s lock file (an older version's) is removed after a day
+
+
+def sweep_dead_folders(prefix: str, started: float | None = None) -> int:
+    """Remove the ``<tmp>/<prefix>*`` folders no live process holds (``own_folder``'s lock can be taken) and
+    that are older than ``started`` (default now: one being made this instant has no lock yet); one without a
+    lock file only when untouched for ``UNLOCKED_STALE_S``. Returns how many."""
+    started = time.time() if started is None else started
+    removed = 0
+    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        try:
+            if not folder.is_dir() or folder.is_symlink() or folder.stat().st_mtime >= started:
+                continue
+            if not (folder / ".in-use").exists():
+                if folder.stat().st_mtime < started - UNLOCKED_STALE_S:
+                    shutil.rmtree(folder)
+                    removed += 1
+                continue
+            with (folder / ".in-use").open("r") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: a live process holds it
+                shutil.rmtree(folder)
+            removed += 1
+        except OSError:  # held (BlockingIOError), someone else's, or gone
+            continue
+    if removed:
+        log.info("removed %d training folders a previous process left", removed)
     return removed

@@ -8,10 +8,22 @@ registry of trained models (``webapp.trained``, which the model registry owns), 
 only the training session is told, so that it (which loads no local path it is sent) loads it for that visitor
 and no one else; ``sweep`` deletes what is older than ``ttl`` (the clock is injectable for tests). The server's
 ``Trainer`` is its context's (``Context.trainer``, made by ``Trainer.for_server``).
+
+**Whose.** A job and the model it trains belong to the caller that started it (``trained.Caller``: session hash
+and address); only that caller cancels it, and on a public server only that caller loads the model.
+
+**Disk.** Every job's folder is swept when the job ends, however it ends (``finish``): the photos, the job's files,
+the download's zip (Gradio has its own copy by then) and the run folder's ``checkpoint.pt`` go; the run folder
+itself stays only when its model was registered (and in a temporary folder only until its ``ttl``). The jobs'
+folders live in a ``vit-train-*`` folder of this process (``tempfiles.own_folder``); a server removes those of
+dead processes at start. Before a job starts, the disk must keep ``MIN_FREE_DISK`` free after ``JOB_RESERVE``
+(what one job may write), and on a public server what training holds (the run folders served and the job's) must
+stay under ``MAX_HELD_BYTES`` in all and ``MAX_HELD_PER_ADDRESS`` per address, with ``JOB_RESERVE`` to spare.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -19,7 +31,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import zipfile
@@ -28,15 +39,33 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import gradio as gr
+
+from vit_core.io.files import CHECKPOINT_NAME
+
 from .catalog import ROOT
 from .errors import log
 from .models import Models
-from .trained import PRIVATE_PREFIX, Trained
+from .queueing import MIN_FREE_DISK
+from .tempfiles import own_folder, sweep_dead_folders
+from .trained import PRIVATE_PREFIX, Trained, caller
+
+REFUSED = 3  # the worker's exit status for a job refused with a sentence (``finetune_worker.REFUSED``)
 
 TTL_S = 3600.0  # a public server keeps a visitor's trained model this long
 GRACE_S = 180.0  # beyond its budget, a job may take this long (start, decoding, calibration) before it is killed
 SWEEP_EVERY_S = 300.0
-ZIP_SKIPPED = {"checkpoint.pt"}  # the optimizer's state: twice the model, and of no use to a download
+ZIP_SKIPPED = {CHECKPOINT_NAME}  # the optimizer's state: twice the model, and of no use to a download
+# what "try again in N min" counts after a job's budget (its calibration and writing) until this server has seen
+# one calibrate; then the longest it has measured (never past the kill at GRACE_S)
+CALIBRATION_S = 60.0
+FOLDER_PREFIX = "vit-train-"
+GB = 1 << 30
+# What training may hold on a public server's disk: the run folders it serves (an hour each) and the running job's
+# folder. One job writes at most ``JOB_RESERVE`` (a ViT-B/16 run folder is about 350 MB, the photos at most 250).
+MAX_HELD_BYTES = 8 * GB
+MAX_HELD_PER_ADDRESS = 2 * GB
+JOB_RESERVE = 1 * GB
 
 
 class TrainingBusy(Exception):
@@ -53,6 +82,9 @@ class Job:
     minutes: float
     started: float
     out: Path
+    address: str | None = None  # the starting caller's (None: started from Python)
+    registered: bool = False  # its model is served: its run folder outlives the job
+    calibrating: float | None = None  # when it reported calibrating
     stop_file: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -85,48 +117,100 @@ class Trainer:
         self._lock = threading.Lock()
         self._job: Job | None = None
         self._sweeper: threading.Thread | None = None
+        self.capped = ttl is not None  # what training holds is capped (a public server's)
+        self.calibration_s = CALIBRATION_S
 
     @classmethod
     def for_server(cls, models: Models) -> Trainer:
         """A server's trainer: run folders in the project's ``runs/``, kept, locally; on a public server in a
-        temporary folder, deleted after ``TTL_S``."""
+        temporary folder, deleted after ``TTL_S``. The training folders of dead processes go first."""
+        sweep_dead_folders(FOLDER_PREFIX)
         public = models.options.public
         return cls(models, None if public else ROOT / "runs", TTL_S if public else None)
 
     @cached_property
     def root(self) -> Path:
-        """The jobs' folders (made at the first job)."""
-        return Path(tempfile.mkdtemp(prefix="vit-train-"))
+        """The jobs' folders (made at the first job), held by this process."""
+        return own_folder(FOLDER_PREFIX)
 
     # ------------------------------------------------------------------------ the one job slot
 
     def start(self, session: str, minutes: float) -> Job:
-        """Take the server's training slot for ``session`` (``TrainingBusy`` while another job has it)."""
+        """Take the server's training slot for ``session`` (``TrainingBusy`` while another job has it, or when
+        the disk or what training holds has no room for one more)."""
+        who = caller()
+        address = who.address if who is not None else None
         with self._lock:
             job = self._job
             if job is not None:
-                left = job.started + 60 * job.minutes + 60 - self.clock()  # its budget, and a minute to finish
-                raise TrainingBusy(
-                    f"A training job is running on this server; try again in {max(1, math.ceil(left / 60))} min."
-                )
+                minutes = max(1, math.ceil(self.left(job) / 60))
+                raise TrainingBusy(f"A training job is running on this server; try again in {minutes} min.")
+            self._check_room(address)
             folder = self.root / secrets.token_hex(8)
             folder.mkdir()
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
             out = (self.runs or folder) / f"app-{stamp}-{folder.name[:4]}"
-            self._job = Job(session, folder, minutes, self.clock(), out)
+            self._job = Job(session, folder, minutes, self.clock(), out, address)
             return self._job
 
+    def left(self, job: Job) -> float:
+        """Seconds until ``job`` is expected to end: its budget (decoding included), then its calibration (the
+        longest measured here, ``calibration_s``), never past the kill at ``GRACE_S``."""
+        now, end = self.clock(), job.started + 60 * job.minutes
+        expected = (job.calibrating or max(end, now)) + self.calibration_s
+        return min(expected, end + GRACE_S) - now
+
+    def observe(self, job: Job, report: dict) -> None:
+        """Follow ``job``'s reports: when it calibrates, and how long that took (for ``left``)."""
+        if report.get("phase") == "calibrating" and job.calibrating is None:
+            job.calibrating = self.clock()
+        elif "result" in report and job.calibrating is not None:
+            self.calibration_s = max(self.calibration_s, self.clock() - job.calibrating)
+
+    def _check_room(self, address: str | None) -> None:
+        free = shutil.disk_usage(self.root).free
+        if free - JOB_RESERVE < MIN_FREE_DISK:
+            raise TrainingBusy("The server's disk is nearly full; try again later.")
+        if not self.capped:
+            return
+        held = {t.out: t.address for t in self.models.trained.created_before(math.inf)}
+        sizes = {out: _bytes(out) for out in held}
+        mine = sum(n for out, n in sizes.items() if held[out] == address)
+        if sum(sizes.values()) + JOB_RESERVE > MAX_HELD_BYTES:
+            raise TrainingBusy("This server holds as many trained models as it can; try again later.")
+        if mine + JOB_RESERVE > MAX_HELD_PER_ADDRESS:
+            raise TrainingBusy(
+                "Your trained models take all the room one visitor has here; try again when the oldest is deleted "
+                "(an hour after it was trained)."
+            )
+
     def finish(self, job: Job) -> None:
-        """Give the slot back; the uploaded images go (the run folder stays)."""
-        shutil.rmtree(job.data, ignore_errors=True)
+        """Give the slot back and sweep the job's folders, however it ended: the photos, the job's own files
+        and the download's zip go, and the run folder's ``checkpoint.pt``; the run folder stays only when its
+        model is served (``register``)."""
+        keep = job.out.resolve() if job.registered else None
+        if keep is not None:
+            (job.out / CHECKPOINT_NAME).unlink(missing_ok=True)
+        if keep is None and self.runs is not None:
+            shutil.rmtree(job.out, ignore_errors=True)  # a failed run's partial folder under runs/
+        if keep is None or keep.parent != job.folder.resolve():
+            shutil.rmtree(job.folder, ignore_errors=True)
+        else:
+            for path in job.folder.iterdir():
+                if path.resolve() != keep:
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
         with self._lock:
             if self._job is job:
                 self._job = None
 
     def cancel(self, session: str) -> bool:
-        """Cancel ``session``'s running job, if it has one."""
+        """Cancel ``session``'s running job, if it has one and the caller is the one that started it (the same
+        session from the same address: a session hash is the client's to send)."""
+        who = caller()
         with self._lock:
-            job = self._job if self._job is not None and self._job.session == session else None
+            job = self._job
+            if job is None or job.session != session or (who is not None and who.address != job.address):
+                job = None
         if job is not None:
             job.cancel()
         return job is not None
@@ -151,10 +235,19 @@ class Trainer:
             proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
         timer = threading.Timer(60 * job.minutes + GRACE_S, proc.kill)
         timer.start()
+        refusal = None
         try:
             for line in proc.stdout:
-                yield json.loads(line)
-            if proc.wait() != 0:
+                report = json.loads(line)
+                self.observe(job, report)
+                if "error" in report:
+                    refusal = str(report["error"])
+                    continue
+                yield report
+            if proc.wait() == REFUSED and refusal is not None:
+                log.info("training job refused: %s", refusal)
+                raise RuntimeError(refusal)
+            if proc.returncode != 0:
                 tail = (job.folder / "log.txt").read_text(errors="replace")[-4000:]
                 log.error("training job failed (exit %s):\n%s", proc.returncode, tail)
                 raise RuntimeError("training failed (logged on the server)")
@@ -172,8 +265,10 @@ class Trainer:
         self.sweep()
         when = time.strftime("%H:%M", time.localtime(self.clock()))
         label = f"Trained here at {when}: {', '.join(classes)}"[:120]
-        trained = Trained(PRIVATE_PREFIX + secrets.token_urlsafe(12), label, job.out, job.session, self.clock())
+        value = PRIVATE_PREFIX + secrets.token_urlsafe(12)
+        trained = Trained(value, label, job.out, job.session, self.clock(), job.address)
         self.models.trained.add(trained)
+        job.registered = True
         self._start_sweeper()
         return trained
 
@@ -208,7 +303,9 @@ class Trainer:
 
 def zip_run(out: Path, dest: Path) -> Path:
     """The run folder ``out`` as the zip ``dest`` (written to a temporary name, then renamed), without the
-    optimizer's state."""
+    optimizer's state; ``gr.Error`` when it would leave less than ``MIN_FREE_DISK`` free."""
+    if shutil.disk_usage(dest.parent).free - _bytes(out) < MIN_FREE_DISK:
+        raise gr.Error("The server's disk is nearly full: the run folder cannot be zipped for download.")
     part = dest.with_suffix(".part")
     with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as zf:
         for path in sorted(out.iterdir()):
@@ -216,3 +313,13 @@ def zip_run(out: Path, dest: Path) -> Path:
                 zf.write(path, f"{out.name}/{path.name}")
     part.replace(dest)
     return dest
+
+
+def _bytes(folder: Path) -> int:
+    """The bytes of the files under ``folder`` (0 when it is gone)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total

@@ -1,22 +1,33 @@
-"""A visitor's labelled photos as a training folder: a zip with one folder per class (the ``--data`` layout) read
-in memory (``archives.read_zip``: caps on entries and bytes, nothing extracted), each image decoded safely and
-written again, reduced, under a name of ours into a fresh folder ``<dest>/<class>/<n>.jpg``.
+"""A visitor's labelled photos as a training folder, in two steps that cost very differently.
 
-Nothing of the archive reaches the disk as it came: member paths only name a class (the folder that holds the
-image), class names are cut to letters, digits, spaces, ``-`` and ``_``, and every image is decoded
-(``vit_core.data.load_image``: its pixel limit, corrupt files refused) and re-encoded. ``Limits`` are what the
-Train tab states before an upload: public mode's are small (``PUBLIC``).
+- ``from_zip`` (the server, before the job's process starts: cheap). The zip (the ``--data`` layout) is read in
+  memory (``archives.read_zip``: caps on entries and bytes, nothing extracted); each image member's *header* is
+  read (``vit_core.data.read_header``: its size, its pixel limit) and its bytes are written under a name of ours,
+  ``<dest>/<class>/<n>.img``. What decoding them all would cost (their decoded pixels, JPEG at its reduced scale)
+  is summed and refused over ``Limits.max_decode_mp``, from the headers alone: 2,000 one-colour 36 MP PNGs make a
+  2 MB zip that took 16 minutes to decode here, in the server, before any budget applied.
+- ``decode_folder`` (the job's process, ``webapp.finetune_worker``: where the time budget and Cancel apply). Every
+  image is decoded safely (``load_image``: corrupt files dropped) and re-encoded, reduced, as ``<n>.jpg``; the
+  loop stops at the job's stop file or its deadline.
+
+Nothing of the archive is served or read as it came: member paths only name a class (the folder that holds the
+image), class names are cut to letters, digits, spaces, ``-`` and ``_``, the raw bytes lie under our names in the
+job's own folder until their decoded copy replaces them. ``Limits`` are what the Train tab states before an
+upload: public mode's are small (``PUBLIC``).
 """
 
 from __future__ import annotations
 
 import io
 import re
+import shutil
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from vit_core.data import load_image
+from vit_core.data import load_image, read_header
 from vit_core.data.images import ImageDataError
 
 from .archives import read_zip
@@ -26,6 +37,11 @@ MAX_SIDE = 320  # images are stored reduced to this long side: enough for inputs
 MAX_PIXELS = 40_000_000  # one image's declared pixels (a decompression bomb is refused from its header)
 MAX_CLASS_CHARS = 40
 IGNORED_FOLDERS = {"__MACOSX"}  # what macOS's Finder adds to a zip
+RAW = ".img"  # an image's bytes as uploaded, under our name, until ``decode_folder`` replaces them
+
+
+class Stopped(Exception):
+    """The job was cancelled while its photos were being read: nothing to train."""
 
 
 @dataclass(frozen=True)
@@ -37,16 +53,19 @@ class Limits:
     max_minutes: float
     max_zip_mb: int
     min_per_class: int = 2  # one to train on, one held out
+    # megapixels decoded in all (JPEG at its reduced scale), from the headers: about 70 MP a second here (PNG)
+    max_decode_mp: int = 4000
 
     def text(self) -> str:
         return (
             f"at most {self.max_images:,} images in {self.max_classes} classes (at least {self.min_per_class} "
-            f"images each), a zip of at most {self.max_zip_mb} MB, {self.max_minutes:g} minutes of training"
+            f"images each), a zip of at most {self.max_zip_mb} MB and {self.max_decode_mp:,} megapixels to decode, "
+            f"{self.max_minutes:g} minutes of training"
         )
 
 
-PUBLIC = Limits(max_images=2000, max_classes=20, max_minutes=5, max_zip_mb=50)
-LOCAL = Limits(max_images=20_000, max_classes=20, max_minutes=30, max_zip_mb=256)
+PUBLIC = Limits(max_images=2000, max_classes=20, max_minutes=5, max_zip_mb=50, max_decode_mp=4000)
+LOCAL = Limits(max_images=20_000, max_classes=20, max_minutes=30, max_zip_mb=256, max_decode_mp=40_000)
 
 
 @dataclass
@@ -81,9 +100,12 @@ def class_of(member: str) -> str | None:
 
 
 def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
-    """The images of the zip at ``path`` written into the new folder ``dest`` (see the module's docstring).
-    ``ValueError`` with a sentence for the visitor when the archive breaks the limits or does not make a
-    training set (fewer than 2 classes, a class with too few images)."""
+    """The image members of the zip at ``path`` checked from their headers and written, undecoded, under names of
+    ours into the new folder ``dest`` (see the module's docstring; ``decode_folder`` decodes them). ``ValueError``
+    with a sentence for the visitor when the archive breaks the limits or does not make a training set (fewer
+    than 2 classes, a class with too few images). ``dest`` is left for the caller to remove."""
+    from .queueing import MIN_FREE_DISK  # the server's (gradio's); the training process imports this module too
+
     path = Path(path)
     size = path.stat().st_size
     if size > limits.max_zip_mb * MB:
@@ -91,6 +113,7 @@ def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
     dest.mkdir(parents=True, exist_ok=False)
     counts: Counter[str] = Counter()
     skipped: list[str] = []
+    pixels = 0
     for item, data in read_zip(path, limits.max_images, limits.max_zip_mb * MB * 4):
         name = class_of(item.name)
         if data is None or name is None:
@@ -99,24 +122,60 @@ def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
         if name not in counts and len(counts) == limits.max_classes:
             raise ValueError(f"More than {limits.max_classes} classes (folders) in the zip.")
         try:
-            image = load_image(io.BytesIO(data), MAX_PIXELS, max_side=MAX_SIDE)
+            w, h = read_header(io.BytesIO(data), MAX_PIXELS).decoded_size(max_side=MAX_SIDE)
         except ImageDataError as e:
             skipped.append(f"{item.name}: {str(e).split(': ')[-1]}")
             continue
+        pixels += w * h
+        if pixels > limits.max_decode_mp * 1_000_000:
+            raise ValueError(
+                f"These photos are too large to decode here: more than {limits.max_decode_mp:,} megapixels in all "
+                "(JPEG counts at the reduced size it is decoded at). Send smaller photos, or fewer."
+            )
+        if shutil.disk_usage(dest).free - len(data) < MIN_FREE_DISK:
+            raise ValueError("The server's disk is nearly full; try again later.")
         folder = dest / name
         folder.mkdir(exist_ok=True)
-        image.save(folder / f"{counts[name]:05d}.jpg", quality=95)
+        (folder / f"{counts[name]:05d}{RAW}").write_bytes(data)
         counts[name] += 1
-    return _checked(TrainSet(dest, dict(sorted(counts.items())), skipped), limits)
+    return _checked(TrainSet(dest, dict(sorted(counts.items())), skipped), limits.min_per_class)
 
 
-def _checked(found: TrainSet, limits: Limits) -> TrainSet:
+def decode_folder(
+    folder: Path,
+    should_stop: Callable[[], bool],
+    deadline: float,
+    min_per_class: int = 2,
+    clock: Callable[[], float] = time.time,
+) -> TrainSet:
+    """Decode every image ``from_zip`` wrote into ``folder`` and write it again, reduced, as ``<n>.jpg`` (the raw
+    bytes removed as it goes); corrupt ones are dropped. Checked before each image: ``should_stop`` (``Stopped``)
+    and the ``deadline`` on ``clock`` (``ValueError`` with a sentence). The classes are checked again after."""
+    counts: Counter[str] = Counter()
+    skipped: list[str] = []
+    for raw in sorted(folder.glob(f"*/*{RAW}")):
+        if should_stop():
+            raise Stopped("Cancelled while reading the photos: nothing was trained.")
+        if clock() > deadline:
+            raise ValueError("Reading the photos took the whole time budget: send smaller photos, or fewer.")
+        try:
+            image = load_image(raw, MAX_PIXELS, max_side=MAX_SIDE)
+        except ImageDataError as e:
+            skipped.append(f"{raw.parent.name}/{raw.name}: {str(e).split(': ')[-1]}")
+        else:
+            image.save(raw.with_suffix(".jpg"), quality=95)
+            counts[raw.parent.name] += 1
+        raw.unlink()
+    return _checked(TrainSet(folder, dict(sorted(counts.items())), skipped), min_per_class)
+
+
+def _checked(found: TrainSet, min_per_class: int) -> TrainSet:
     if len(found.counts) < 2:
         hint = f" ({found.skipped[0]})" if found.skipped else ""
         raise ValueError(
             f"The zip must hold at least 2 class folders of images (class/photo.jpg); found {len(found.counts)}{hint}."
         )
-    few = [name for name, n in found.counts.items() if n < limits.min_per_class]
+    few = [name for name, n in found.counts.items() if n < min_per_class]
     if few:
-        raise ValueError(f"Every class needs at least {limits.min_per_class} images; too few in: {', '.join(few)}.")
+        raise ValueError(f"Every class needs at least {min_per_class} images; too few in: {', '.join(few)}.")
     return found

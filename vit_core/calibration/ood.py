@@ -84,7 +84,7 @@ def _fit_mahalanobis(
     features: torch.Tensor, labels: torch.Tensor, num_classes: int, head: Head | None
 ) -> dict[str, torch.Tensor]:
     """The class means (C, D) and the inverse of the shared covariance S = 1/N sum_i (f_i - mu_{y_i})(f_i -
-    mu_{y_i})^T (D, D), computed in float64 and stored in float32."""
+    mu_{y_i})^T (D, D) plus a ridge (``_ridge``), computed in float64 and stored in float32."""
     f = features.double()
     counts = torch.bincount(labels, minlength=num_classes)
     if (counts == 0).any():
@@ -92,9 +92,21 @@ def _fit_mahalanobis(
     means = torch.zeros(num_classes, f.shape[1], dtype=torch.float64).index_add_(0, labels, f) / counts[:, None]
     centred = f - means[labels]
     cov = centred.T @ centred / len(f)
-    # a tiny ridge keeps S invertible when a feature is (nearly) constant over the training images
-    cov += 1e-6 * cov.diagonal().mean() * torch.eye(len(cov), dtype=cov.dtype)
+    cov += _ridge(cov, f) * torch.eye(len(cov), dtype=cov.dtype)
     return {"means": means.float().contiguous(), "precision": torch.linalg.inv(cov).float().contiguous()}
+
+
+def _ridge(cov: torch.Tensor, features: torch.Tensor) -> float:
+    """What is added to S's diagonal so that it can be inverted. Normally a millionth of its mean variance (a
+    feature nearly constant over the training images). With no spread within the classes at all (one image per
+    class: the smallest training set the app takes, 2 classes of 2 photos, trains on 1 each), S is zero and says
+    nothing of the features' shape: the ridge is then the features' mean variance about their overall mean, so
+    the score is the squared Euclidean distance in units of that spread; with no spread at all, 1."""
+    within = float(cov.diagonal().mean())
+    if within > 0:
+        return 1e-6 * within
+    overall = float(features.var(0, unbiased=False).mean()) if len(features) > 1 else 0.0
+    return overall if overall > 0 else 1.0
 
 
 def _mahalanobis(
