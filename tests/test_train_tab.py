@@ -16,10 +16,12 @@ import pytest
 from PIL import Image
 
 import app
+import vit_core
 from webapp.access import ModelError
 from webapp.admission import Busy, Gate, rss
 from webapp.options import Options
 from webapp.tabs import classify, train
+from webapp.trained import Trained
 from webapp.training import PRIVATE_PREFIX, Trainer, TrainingBusy
 from webapp.trainset import PUBLIC, Limits, class_of, from_zip
 from webapp.ui.context import Context
@@ -236,3 +238,25 @@ def test_cancel_stops_the_run_and_keeps_the_model_as_it_was(ctx, tmp_path):
             assert "Stopping" in train.cancel(ctx, request)
     assert "Cancelled" in updates[-1][2] and "uncalibrated" in updates[-1][2]
     assert train.cancel(ctx, request).startswith("No training job")
+
+
+def test_classify_offers_its_examples_only_for_a_model_of_their_classes(ctx, tmp_path):
+    """The examples are CIFAR-10 photos labelled with their classes: offered for the bundled model, not for a
+    model trained on ants and bees (a page that loads it, or switches to it, hides them)."""
+    cfg = vit_core.ViTConfig(
+        img_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=2, label_names=("ants", "bees")
+    )
+    vit_core.save_pretrained(vit_core.create_model(cfg), tmp_path / "ants_bees")
+    value = PRIVATE_PREFIX + "examples-test"
+    ctx.models.trained.add(Trained(value, "Trained here: ants, bees", tmp_path / "ants_bees", "ex", 0.0))
+    (load,) = [fn for fn in app.build_ui(ctx).fns.values() if fn.api_name == "on_load"]
+    (at,) = [i for i, o in enumerate(load.outputs) if isinstance(o, gr.Dataset)]
+    request = types.SimpleNamespace(session_hash="ex")
+    shown = load.fn(ctx.models.default, request=request)[at]
+    hidden = load.fn(value, request=request)[at]
+    assert _visible(shown) is True and _visible(hidden) is False
+    ctx.models.forget(value)
+
+
+def _visible(update: object) -> bool:
+    return update["visible"] if isinstance(update, dict) else update.visible
