@@ -17,6 +17,7 @@ from PIL import Image
 
 import app
 import vit_core
+from webapp import train_result
 from webapp.access import ModelError
 from webapp.admission import Busy, Gate, rss
 from webapp.options import Options
@@ -238,6 +239,61 @@ def test_cancel_stops_the_run_and_keeps_the_model_as_it_was(ctx, tmp_path):
             assert "Stopping" in train.cancel(ctx, request)
     assert "Cancelled" in updates[-1][2] and "uncalibrated" in updates[-1][2]
     assert train.cancel(ctx, request).startswith("No training job")
+
+
+def _result(data: Path) -> dict:
+    """A run's result as the training process reports it, for two classes, one photo of each answered wrong."""
+    for name in ("ants", "bees"):
+        (data / name).mkdir(parents=True)
+        for i in range(3):
+            (data / name / f"{i:05d}.jpg").write_bytes(_jpeg((10 * i, 0, 0)))
+    wrong = [
+        dict(file="ants/00001.jpg", label="ants", predicted="bees", confidence=0.71),
+        dict(file="bees/00002.jpg", label="bees", predicted="ants", confidence=0.55),
+        dict(file="../../etc/passwd", label="bees", predicted="ants", confidence=0.5),  # never followed
+    ]
+    details = dict(
+        accuracy={"ants": 80.0, "bees": 75.0},
+        confusion=[[4, 1], [1, 3]],
+        misclassified=wrong,
+        ece=0.042,
+        threshold=812.5,
+        temperature_note=None,
+    )
+    reason = "whole-model fine-tuning would get 1.2 epochs, so a linear probe on cached features comes first"
+    return dict(
+        complete=True,
+        classes=["ants", "bees"],
+        train_images=24,
+        val_images=9,
+        val_accuracy=77.8,
+        temperature=1.3,
+        ood_threshold=812.5,
+        steps=12,
+        strategy="lp-ft",
+        strategy_reason=reason,
+        details=details,
+    )
+
+
+def test_the_result_page_reads_as_sentences_a_table_a_matrix_and_a_gallery(tmp_path):
+    result = _result(tmp_path / "data")
+    text = train_result.summary(result, "Trained here at 10:00: ants, bees")
+    assert "**Done**: held-out accuracy **77.8%** on 9 photos." in text
+    assert "**How it trained**: LP-FT" in text and result["strategy_reason"] in text
+    assert "| ants | 5 | 4 | 80.0% |" in text and "| bees | 4 | 3 | 75.0% |" in text
+    assert "4.2 points" in text and "812.5" in text and "1 in 20" in text
+    assert "Trained here at 10:00" in text and "click one below to open it in Classify" in text
+    assert train_result.confusion_image(result).size[0] > 200
+    shown = train_result.keep_misclassified(result, tmp_path / "data", tmp_path / "kept")
+    assert [c for _, c in shown] == ["ants → bees (71%)", "bees → ants (55%)"]
+    assert all(Path(p).parent == tmp_path / "kept" and Path(p).is_file() for p, _ in shown)
+    none = result | dict(details=result["details"] | dict(threshold=None))
+    assert "no detector was fitted" in train_result.summary(none, None)
+    cancelled = result | dict(complete=False, details={})
+    text = train_result.summary(cancelled, None)
+    assert text.startswith("**Cancelled** after 12 steps: the model in use is unchanged") and "picker" not in text
+    assert train_result.confusion_image(cancelled) is None
 
 
 def test_classify_offers_its_examples_only_for_a_model_of_their_classes(ctx, tmp_path):
