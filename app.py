@@ -109,7 +109,7 @@ def build_ui(ctx: Context) -> gr.Blocks:
         # short tab names (one row on a 390-px phone); wrapped rather than hidden behind a "more" menu if not
         with gr.Tabs(overflow_behavior="wrap"):
             for tab in TABS:
-                with gr.Tab(tab.TITLE):
+                with gr.Tab(tab.TITLE, elem_id=f"tab-{tab.TITLE.lower()}"):  # a tab's button names it (aria)
                     declared = tab.build(ctx, page)
                     wire(ctx, declared)  # its hidden ticket inputs within its tab
                 fitted += [declared.fitted] if declared.fitted is not None else []

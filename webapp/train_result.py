@@ -65,8 +65,9 @@ def threshold_sentence(details: dict[str, Any]) -> str:
     threshold = details.get("threshold")
     if threshold is None:
         return "**“None of my classes”**: no detector was fitted, so every photo gets one of its classes."
+    shown = f"{threshold:,.0f}" if abs(threshold) >= 100 else f"{threshold:.3g}"  # as Classify shows scores
     return (
-        f"**“None of my classes”**: a photo whose unlikeness score is over {threshold:,.4g} is answered “none of "
+        f"**“None of my classes”**: a photo whose unlikeness score is over {shown} is answered “none of "
         "my classes”; 95% of your held-out photos score under it, so about 1 in 20 photos like yours is turned "
         "away too."
     )
