@@ -58,9 +58,9 @@ CSS = """
 .verdict p + p { font-size: 1rem; font-weight: 400; margin-top: 0.3rem; }
 /* the class bars of an image the model calls none of its classes: there, not the answer */
 .greyed { filter: grayscale(1); opacity: 0.55; }
-#summary table { word-break: normal; overflow-wrap: normal; hyphens: none; }
+#summary table, #train-result table { word-break: normal; overflow-wrap: normal; hyphens: none; }
 #summary td:first-child { white-space: nowrap; }
-#summary .prose { overflow-x: auto; }
+:is(#summary, #train-result) .prose { overflow-x: auto; }
 /* galleries: every tile shown whole (no scroll box cutting the last row), each caption under its picture, in full */
 .tiles .grid-wrap { height: auto !important; max-height: none !important; overflow: visible !important; }
 .tiles, .tiles .gallery-container { height: auto !important; }

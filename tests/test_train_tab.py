@@ -388,7 +388,7 @@ def _result(data: Path) -> dict:
 def test_the_result_page_reads_as_sentences_a_table_a_matrix_and_a_gallery(tmp_path):
     result = _result(tmp_path / "data")
     text = train_result.summary(result, "Trained here at 10:00: ants, bees")
-    assert "**Done**: held-out accuracy **77.8%** on 9 photos." in text
+    assert "**Done**: held-out accuracy **77.8%** on 9 photos." in text  # the matrix's: 7 of 9, as the table
     assert "**How it trained**: LP-FT" in text and result["strategy_reason"] in text
     assert "| ants | 5 | 4 | 80.0% |" in text and "| bees | 4 | 3 | 75.0% |" in text
     assert "4.2 points" in text and "over 812 is answered" in text and "1 in 20" in text
@@ -397,6 +397,8 @@ def test_the_result_page_reads_as_sentences_a_table_a_matrix_and_a_gallery(tmp_p
     shown = train_result.keep_misclassified(result, tmp_path / "data", tmp_path / "kept")
     assert [c for _, c in shown] == ["ants → bees (71%)", "bees → ants (55%)"]
     assert all(Path(p).parent == tmp_path / "kept" and Path(p).is_file() for p, _ in shown)
+    other = result | dict(val_accuracy=66.7)  # the run's evaluation, by a tie the other way: the table's wins
+    assert "**77.8%**" in train_result.summary(other, None)
     none = result | dict(details=result["details"] | dict(threshold=None))
     assert "no detector was fitted" in train_result.summary(none, None)
     cancelled = result | dict(complete=False, details={})

@@ -101,6 +101,17 @@ def keep_misclassified(result: dict[str, Any], data: Path, keep: Path) -> list[t
     return shown
 
 
+def _accuracy(result: dict[str, Any]) -> float:
+    """The held-out accuracy the page states: the confusion matrix's, so that it agrees with the table below it
+    (the run's ``val_accuracy`` can differ by a tie between views that a near-zero temperature rounds
+    differently)."""
+    confusion = (result.get("details") or {}).get("confusion")
+    if not confusion:
+        return result["val_accuracy"]
+    right = sum(row[k] for k, row in enumerate(confusion))
+    return 100 * right / max(sum(map(sum, confusion)), 1)
+
+
 def summary(result: dict[str, Any], label: str | None) -> str:
     """The result page's text: the outcome, how it trained, the table, the two sentences, the run's facts and the
     model in use (``label``: the new model's; None: the previous one stays, the run was cancelled)."""
@@ -111,7 +122,7 @@ def summary(result: dict[str, Any], label: str | None) -> str:
             "(uncalibrated, not measured on the held-out photos) is offered as a zip below."
         ]
     else:
-        acc = f"**Done**: held-out accuracy **{result['val_accuracy']:.1f}%** on {result['val_images']} photos."
+        acc = f"**Done**: held-out accuracy **{_accuracy(result):.1f}%** on {result['val_images']} photos."
         blocks = [acc, strategy_sentence(result)]
         if details:
             blocks += [accuracy_table(details), ece_sentence(details), threshold_sentence(details)]
