@@ -58,9 +58,9 @@ CSS = """
 .verdict p + p { font-size: 1rem; font-weight: 400; margin-top: 0.3rem; }
 /* the class bars of an image the model calls none of its classes: there, not the answer */
 .greyed { filter: grayscale(1); opacity: 0.55; }
-#summary table { word-break: normal; overflow-wrap: normal; hyphens: none; }
+#summary table, #train-result table { word-break: normal; overflow-wrap: normal; hyphens: none; }
 #summary td:first-child { white-space: nowrap; }
-#summary .prose { overflow-x: auto; }
+:is(#summary, #train-result) .prose { overflow-x: auto; }
 /* galleries: every tile shown whole (no scroll box cutting the last row), each caption under its picture, in full */
 .tiles .grid-wrap { height: auto !important; max-height: none !important; overflow: visible !important; }
 .tiles, .tiles .gallery-container { height: auto !important; }
@@ -109,7 +109,7 @@ def build_ui(ctx: Context) -> gr.Blocks:
         # short tab names (one row on a 390-px phone); wrapped rather than hidden behind a "more" menu if not
         with gr.Tabs(overflow_behavior="wrap"):
             for tab in TABS:
-                with gr.Tab(tab.TITLE):
+                with gr.Tab(tab.TITLE, elem_id=f"tab-{tab.TITLE.lower()}"):  # a tab's button names it (aria)
                     declared = tab.build(ctx, page)
                     wire(ctx, declared)  # its hidden ticket inputs within its tab
                 fitted += [declared.fitted] if declared.fitted is not None else []

@@ -2,7 +2,10 @@
 folder of re-encoded images under names of ours (no member path reaches the disk), the limits refuse what breaks
 them, one job runs at a time across the server, a trained model is served to its session under a private value
 (public mode too, where local paths are refused) and deleted after its time (an injected clock), a public server
-refuses to push, and a short run trains, calibrates and serves a model of the zip's classes."""
+refuses to push, and a short run trains, calibrates and serves a model of the zip's classes. The result page
+(``webapp.train_result``) reads as sentences, a table, a matrix and a gallery whose photos open in Classify; a bad
+zip is a line in the progress that changes nothing else; a cancelled run leaves the model in use; the loss curve
+has its axes named and room to show whole; Classify offers its examples only for a model of their classes."""
 
 from __future__ import annotations
 
@@ -17,10 +20,13 @@ import pytest
 from PIL import Image
 
 import app
+import vit_core
+from webapp import train_result
 from webapp.access import ModelError
 from webapp.admission import Busy, Gate, rss
 from webapp.options import Options
 from webapp.tabs import classify, train
+from webapp.trained import Trained
 from webapp.training import PRIVATE_PREFIX, Trainer, TrainingBusy
 from webapp.trainset import PUBLIC, Limits, class_of, decode_folder, from_zip
 from webapp.ui.context import Context
@@ -206,8 +212,17 @@ def test_a_short_run_trains_calibrates_and_serves_a_model_of_the_zip_classes(ctx
         if isinstance(update[3], dict) and update[3].get("value"):  # read as Gradio does, before the job ends
             with zipfile.ZipFile(update[3]["value"]) as zf:
                 names = {Path(n).name for n in zf.namelist()}
-    _, _, summary, download, picker = updates[-1]
-    assert "Done" in summary and "red" in summary, updates[-2:]
+    line, _, summary, download, picker, matrix, gallery, details, shown = updates[-1]
+    assert line == "Done." and "Done" in summary and "red" in summary, updates[-2:]
+    assert details["strategy"] in ("full", "lp-ft", "probe") and details["strategy_reason"] in summary
+    assert "**How it trained**" in summary and "| red |" in summary and "| blue |" in summary
+    assert "**Confidence**" in summary and "None of my classes" in summary
+    assert set(details["details"]["accuracy"]) == {"blue", "red"} and "ece" in details["details"]
+    assert matrix["visible"] and matrix["value"].size[0] > 200  # the confusion matrix drawn
+    wrong = details["details"]["misclassified"]
+    assert gallery["visible"] == bool(wrong) and len(shown) == len(gallery["value"]) == len(wrong)
+    assert all(" → " in c for _, c in gallery["value"])
+    _never_back_to_training(updates)
     value = picker["value"] if isinstance(picker, dict) else picker.value
     assert value.startswith(PRIVATE_PREFIX)
     assert {"model.safetensors", "config.json", "README.md", "ood.safetensors"} <= names
@@ -230,8 +245,9 @@ def test_the_job_holds_its_estimate_in_the_memory_gate(ctx, tmp_path):
     frees the slot for the next."""
     small = Context(ctx.models, gate=Gate(max_memory=rss() + train.WORKER_BYTES // 2, max_wait=0), trainer=ctx.trainer)
     photos = str(two_classes(tmp_path / "p.zip"))
-    with pytest.raises(Busy):
-        list(train.train(small, photos, ctx.models.default, 0.1, False, types.SimpleNamespace(session_hash="g")))
+    (update,) = train.train(small, photos, ctx.models.default, 0.1, False, types.SimpleNamespace(session_hash="g"))
+    assert update[0].startswith("⚠️ This request needs about") and _unchanged(update)
+    assert issubclass(Busy, gr.Error)  # what ``train`` turns into its progress line
     assert train.estimate(ctx, {"model_choice": ctx.models.default}) > train.WORKER_BYTES
     ctx.trainer.finish(ctx.trainer.start("next", 1))
 
@@ -242,6 +258,181 @@ def test_cancel_stops_the_run_and_keeps_the_model_as_it_was(ctx, tmp_path):
     for update in train.train(ctx, str(two_classes(tmp_path / "p.zip")), ctx.models.default, 1.0, False, request):
         updates.append(update)
         if str(update[0]).startswith("Training: step"):
-            assert "Stopping" in train.cancel(ctx, request)
+            assert "Cancelling" in train.cancel(ctx, request)
     assert "Cancelled" in updates[-1][2] and "uncalibrated" in updates[-1][2]
     assert train.cancel(ctx, request).startswith("No training job")
+    line, _, _, download, picker, *_ = updates[-1]
+    assert line.startswith("Cancelled after step") and download["visible"]  # the incomplete run, as a zip
+    assert picker == gr.skip() and not ctx.trainer.of_session("s2")  # the model in use stays; none registered
+    lines = [str(u[0]) for u in updates]
+    assert not any("Finished" in t or "Done" in t or "Calibrating" in t for t in lines), lines
+    after = lines[next(i for i, t in enumerate(lines) if t.startswith("Cancelling")) :]
+    assert not any(t.startswith("Training") for t in after), lines  # once cancelling, it says so to the end
+    _never_back_to_training(updates)
+
+
+def _never_back_to_training(updates: list[tuple]) -> None:
+    """The progress line never says "Training" again once it said "Calibrating" or "Cancelling"."""
+    lines = [str(u[0]) for u in updates]
+    later = [i for i, t in enumerate(lines) if t.startswith(("Calibrating", "Cancelling"))]
+    assert not later or not any(t.startswith("Training") for t in lines[later[0] :]), lines
+
+
+def test_every_phase_has_its_words_in_the_progress_line():
+    """The phases after training ("done", "cancelled"), the plan ("features") and a step while cancelling read
+    as what they are, never as a training step."""
+    report = dict(step=7, total_steps=9, epoch=1, loss=0.5, val_accuracy=None, elapsed_s=3.0, eta_s=2.0)
+    plan = "whole-model fine-tuning affords 9 epochs here"
+    assert train._line(report | dict(phase="training")).startswith("Training: step 7 of ~9")
+    assert train._line(report | dict(phase="training"), stopping=True) == "Cancelling: finishing step 7…"
+    assert train._line(report | dict(phase="features", strategy=plan)) == f"Plan: {plan}."
+    for phase in ("loading", "features", "calibrating", "done", "cancelled"):
+        assert not train._line(report | dict(phase=phase)).startswith("Training"), phase
+
+
+# ------------------------------------------------------------------------------------ problems, the page
+
+
+def _unchanged(update: tuple) -> bool:
+    """Whether ``update`` leaves every output but the progress line as it was."""
+    return len(update) == train.OUTPUTS and all(u == gr.skip() for u in update[1:])
+
+
+def test_a_bad_zip_is_a_line_in_the_progress_and_nothing_else_changes(ctx, tmp_path):
+    """One class, a text file only, an empty zip, a file that is no zip, no upload, a budget over the limit:
+    each is one update whose progress line says what is wrong, every other output (the picker, the curve,
+    the previous result) left as it was, and the job slot free again; nothing raised (a raised error puts an
+    error badge over every output)."""
+    request = types.SimpleNamespace(session_hash="bad")
+    one = make_zip(tmp_path / "one.zip", {f"ants/{i}.jpg": _jpeg((9 * i, 0, 0)) for i in range(4)})
+    text = make_zip(tmp_path / "text.zip", {"ants/readme.txt": b"hello"})
+    empty = make_zip(tmp_path / "empty.zip", {})
+    (tmp_path / "notazip.zip").write_text("just text")
+    cases = {
+        one: "at least 2 class folders",
+        text: "at least 2 class folders",
+        empty: "at least 2 class folders",
+        tmp_path / "notazip.zip": "at least 2 class folders",
+        None: "Upload a zip of photos",
+    }
+    for photos, words in cases.items():
+        updates = list(train.train(ctx, photos and str(photos), ctx.models.default, 0.1, False, request))
+        assert len(updates) == 1 and _unchanged(updates[0]), (photos, updates)
+        assert updates[0][0].startswith("⚠️ ") and words in updates[0][0], (photos, updates[0][0])
+    (over,) = train.train(ctx, str(one), ctx.models.default, 99.0, False, request)
+    assert "at most" in over[0] and _unchanged(over)
+    ctx.trainer.finish(ctx.trainer.start("after the bad zips", 1))  # the slot is free
+
+
+def test_the_page_shows_the_result_and_the_progress_without_covering_the_rest(ctx):
+    """``/train``'s outputs keep their order (progress, curve, result, zip, model) and add the result page's
+    after them; only the progress line shows that it runs (the picker and the curve stay usable); a click on a
+    misclassified photo puts it into the page's image, which Classify explains; the loss curve has its axes
+    named, starts from 0 and is drawn whole."""
+    fns = {fn.api_name: fn for fn in app.build_ui(ctx).fns.values()}
+    run = fns["train"]
+    ids = [getattr(o, "elem_id", None) for o in run.outputs]
+    assert ids[:3] == ["train-progress", "train-curve", "train-result"] and len(ids) == train.OUTPUTS
+    assert run.outputs[4] is not None and ids[5:7] == ["train-confusion", "train-misclassified"]
+    assert [o.elem_id for o in run.show_progress_on] == ["train-progress"]
+    (image,) = fns["train_open"].outputs
+    assert image.elem_id == "image"  # the page's image control, laid out by Classify
+    curve = run.outputs[1]
+    assert curve.x_title and curve.y_title and curve.x_lim[0] == curve.y_lim[0] == 0
+    assert curve.height is None  # Gradio 6.31 cuts the x axis's title and labels off a plot of a set height
+    update = train._plot([{"step": 1, "loss": 0.7}, {"step": 2, "loss": 0.6}])
+    assert update["x_title"] == curve.x_title and update["y_title"] == curve.y_title  # kept as it updates
+    assert update["y_lim"][0] == 0 and update["y_lim"][1] > 0.7 and len(update["value"]) == 2
+
+
+def test_a_click_on_a_misclassified_photo_opens_it_by_its_index_only(tmp_path):
+    photos = []
+    for i in range(2):
+        (tmp_path / f"{i}.jpg").write_bytes(_jpeg((i, i, i)))
+        photos.append(str(tmp_path / f"{i}.jpg"))
+    click = types.SimpleNamespace
+    assert train.open_photo(None, photos, click(index=1)) == photos[1]
+    for index in (2, -1, True, "0", None):
+        assert train.open_photo(None, photos, click(index=index)) == gr.skip(), index
+    assert train.open_photo(None, [], click(index=0)) == gr.skip()
+    (tmp_path / "0.jpg").unlink()  # swept with the job's folder
+    assert train.open_photo(None, photos, click(index=0)) == gr.skip()
+
+
+def _result(data: Path) -> dict:
+    """A run's result as the training process reports it, for two classes, one photo of each answered wrong."""
+    for name in ("ants", "bees"):
+        (data / name).mkdir(parents=True)
+        for i in range(3):
+            (data / name / f"{i:05d}.jpg").write_bytes(_jpeg((10 * i, 0, 0)))
+    wrong = [
+        dict(file="ants/00001.jpg", label="ants", predicted="bees", confidence=0.71),
+        dict(file="bees/00002.jpg", label="bees", predicted="ants", confidence=0.55),
+        dict(file="../../etc/passwd", label="bees", predicted="ants", confidence=0.5),  # never followed
+    ]
+    details = dict(
+        accuracy={"ants": 80.0, "bees": 75.0},
+        confusion=[[4, 1], [1, 3]],
+        misclassified=wrong,
+        ece=0.042,
+        threshold=812.5,
+        temperature_note=None,
+    )
+    reason = "whole-model fine-tuning would get 1.2 epochs, so a linear probe on cached features comes first"
+    return dict(
+        complete=True,
+        classes=["ants", "bees"],
+        train_images=24,
+        val_images=9,
+        val_accuracy=77.8,
+        temperature=1.3,
+        ood_threshold=812.5,
+        steps=12,
+        strategy="lp-ft",
+        strategy_reason=reason,
+        details=details,
+    )
+
+
+def test_the_result_page_reads_as_sentences_a_table_a_matrix_and_a_gallery(tmp_path):
+    result = _result(tmp_path / "data")
+    text = train_result.summary(result, "Trained here at 10:00: ants, bees")
+    assert "**Done**: held-out accuracy **77.8%** on 9 photos." in text  # the matrix's: 7 of 9, as the table
+    assert "**How it trained**: LP-FT" in text and result["strategy_reason"] in text
+    assert "| ants | 5 | 4 | 80.0% |" in text and "| bees | 4 | 3 | 75.0% |" in text
+    assert "4.2 points" in text and "over 812 is answered" in text and "1 in 20" in text
+    assert "Trained here at 10:00" in text and "click one below to open it in Classify" in text
+    assert train_result.confusion_image(result).size[0] > 200
+    shown = train_result.keep_misclassified(result, tmp_path / "data", tmp_path / "kept")
+    assert [c for _, c in shown] == ["ants → bees (71%)", "bees → ants (55%)"]
+    assert all(Path(p).parent == tmp_path / "kept" and Path(p).is_file() for p, _ in shown)
+    other = result | dict(val_accuracy=66.7)  # the run's evaluation, by a tie the other way: the table's wins
+    assert "**77.8%**" in train_result.summary(other, None)
+    none = result | dict(details=result["details"] | dict(threshold=None))
+    assert "no detector was fitted" in train_result.summary(none, None)
+    cancelled = result | dict(complete=False, details={})
+    text = train_result.summary(cancelled, None)
+    assert text.startswith("**Cancelled** after 12 steps: the model in use is unchanged") and "picker" not in text
+    assert train_result.confusion_image(cancelled) is None
+
+
+def test_classify_offers_its_examples_only_for_a_model_of_their_classes(ctx, tmp_path):
+    """The examples are CIFAR-10 photos labelled with their classes: offered for the bundled model, not for a
+    model trained on ants and bees (a page that loads it, or switches to it, hides them)."""
+    cfg = vit_core.ViTConfig(
+        img_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=2, label_names=("ants", "bees")
+    )
+    vit_core.save_pretrained(vit_core.create_model(cfg), tmp_path / "ants_bees")
+    value = PRIVATE_PREFIX + "examples-test"
+    ctx.models.trained.add(Trained(value, "Trained here: ants, bees", tmp_path / "ants_bees", "ex", 0.0))
+    (load,) = [fn for fn in app.build_ui(ctx).fns.values() if fn.api_name == "on_load"]
+    (at,) = [i for i, o in enumerate(load.outputs) if isinstance(o, gr.Dataset)]
+    request = types.SimpleNamespace(session_hash="ex")
+    shown = load.fn(ctx.models.default, request=request)[at]
+    hidden = load.fn(value, request=request)[at]
+    assert _visible(shown) is True and _visible(hidden) is False
+    ctx.models.forget(value)
+
+
+def _visible(update: object) -> bool:
+    return update["visible"] if isinstance(update, dict) else update.visible

@@ -8,10 +8,14 @@ request's memory (the upload's decode, the analysis, the map, the overlay)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
+import torch
 from PIL import Image
+
+from vit_core import VisionTransformer
 
 from .. import estimates, model_info, render
 from ..analysis import Analysis, Upload, declared, explained_class, map_key, relevance
@@ -19,7 +23,7 @@ from ..errors import user_errors
 from ..settings import MapSettings, Settings, head_name, layer_name
 from ..ui import fresh
 from ..ui.context import EXAMPLES, Context
-from ..ui.controls import figure
+from ..ui.controls import Controls, figure
 from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api
 
 TITLE = "Classify"
@@ -174,6 +178,28 @@ def _example_label(path: str) -> str:
     return f"out-of-distribution: {what.replace('_', ' ')}" if kind == "ood" else kind.replace("-", " ")
 
 
+def examples_fit(model: VisionTransformer) -> bool:
+    """Whether the example photos are offered for ``model``: only when it has each of their classes (a CIFAR-10
+    model's), since their labels name those classes and a model of others would only answer them wrongly."""
+    kinds = {Path(p).stem.partition("_")[0].replace("-", " ") for p in EXAMPLES}
+    return (kinds - {"ood"}) <= {name.lower() for name in model.class_names}
+
+
+@dataclass
+class _Fitted:
+    """The page's controls, and the examples offered only for a model of their classes (``examples_fit``)."""
+
+    controls: Controls
+    examples: gr.Dataset
+
+    @property
+    def fitted(self) -> list[gr.components.Component]:
+        return [*self.controls.fitted, self.examples]
+
+    def fit(self, model: VisionTransformer, device: torch.device) -> list:
+        return [*self.controls.fit(model, device), gr.Dataset(visible=examples_fit(model))]
+
+
 def build(ctx: Context, page: Page) -> Tab:
     """The tab's two columns: the page's image and settings (``Controls``), which it lays out; the results."""
     picker, c = page.picker, page.controls
@@ -182,7 +208,7 @@ def build(ctx: Context, page: Page) -> Tab:
             c.image.render()
             button = gr.Button("Classify", variant="primary", elem_id="classify")
             c.render_settings()
-            gr.Examples(
+            examples = gr.Examples(
                 EXAMPLES,
                 inputs=c.image,
                 example_labels=[_example_label(p) for p in EXAMPLES],
@@ -220,5 +246,5 @@ def build(ctx: Context, page: Page) -> Tab:
             Event("classify_new", shown, after="new input"),
             Event("classify_page", shown, triggers=[button.click, *settings]),
         ],
-        fitted=c,
+        fitted=_Fitted(c, examples.dataset),
     )

@@ -1,6 +1,13 @@
 """The Train tab: fine-tune the model in use on the visitor's labelled photos (a zip, one folder per class), with
-live progress, a Cancel button, the calibration numbers, the run folder as a zip, and the picker switched to the
-new model so that every other tab explains it at once; ``/train`` streams the same progress to API clients.
+live progress, a Cancel button, a result page (``webapp.train_result``: how it trained and why, accuracy per class,
+the confusion matrix, the misclassified held-out photos, which a click opens in Classify, calibration in words),
+the run folder as a zip, and the picker switched to the new model so that every other tab explains it at once;
+``/train`` streams the same progress to API clients, and its last update the same result.
+
+A visitor's mistake (a bad zip, a budget over the limit, a busy server) is a line in the tab's progress, and
+everything else stays as it was: an error raised would put an error badge over every output, the model picker
+and the previous result included. A cancelled run leaves the model in use as it was (its run folder is offered,
+uncalibrated).
 
 The work is ``webapp.training`` (one job at a time, in a process of its own, ``vit_core.training.finetune``) on the
 folder ``webapp.trainset`` writes. In public mode the limits are ``trainset.PUBLIC``, the model is the session's only
@@ -11,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
@@ -20,9 +28,12 @@ import vit_core
 from .. import estimates
 from ..admission import MB
 from ..errors import sentence
+from ..estimates import request_only
+from ..train_result import confusion_image, keep_misclassified, summary
 from ..training import Job, TrainingBusy, zip_run
 from ..trainset import LOCAL, PUBLIC, Limits, from_zip
 from ..ui.context import Context
+from ..ui.controls import figure
 from ..ui.endpoints import Api, Page, Tab
 
 TITLE = "Train"
@@ -31,6 +42,15 @@ WORKER_BYTES = 1024 * MB
 BATCH = 32  # vit_core.training.finetune.FINETUNE_RECIPE's batch
 MAX_DOUBLED = 224  # the largest input "twice the size" may ask for (a CPU trains 448 px far too slowly)
 UPDATE_S = 2.0  # the page gets at most one update this often while training
+CURVE_AXES = dict(x_title="training step", y_title="training loss")  # the loss curve's axes
+OUTPUTS = 9  # progress, curve, result, zip, model, confusion matrix, misclassified photos, details, their paths
+# A click on a misclassified photo shows the tab that lays out the page's image (``#image``: Classify's).
+SHOW_IMAGE_TAB_JS = """() => {
+  const panel = document.getElementById('image')?.closest('[role=tabpanel]');
+  const tab = panel && document.querySelector(`[role=tab][aria-controls="${panel.id}"]`);
+  tab?.click();
+  return [];
+}"""
 
 
 def limits_of(ctx: Context) -> Limits:
@@ -56,8 +76,25 @@ def _curve(points: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(points, columns=["step", "loss"]).astype({"step": int, "loss": float})
 
 
-def _line(p: dict) -> str:
-    words = {"loading": "Reading the photos and the model…", "calibrating": "Calibrating on the held-out photos…"}
+def _plot(points: list[dict]) -> dict:
+    """The loss curve's update, drawn whole: from 0 to a tenth above its highest loss (the first points are not
+    cut at the top edge), its axes named in every update (Gradio 6.31 drops the titles of a plot whose value
+    alone is updated)."""
+    top = 1.1 * max(p["loss"] for p in points) if points else None
+    return gr.update(value=_curve(points), y_lim=[0, top], **CURVE_AXES)
+
+
+def _line(p: dict, stopping: bool = False) -> str:
+    """A progress report in words; ``stopping``: Cancel was pressed, the current step is finishing. Every phase
+    has its words, so that the line never goes back to "Training" after calibrating or cancelling."""
+    if p["phase"] == "cancelled" or (stopping and p["phase"] == "training"):
+        return f"Cancelling: finishing step {p['step']}…" if p["phase"] == "training" else "Cancelling: saving…"
+    words = {
+        "loading": "Reading the photos and the model…",
+        "features": f"Plan: {p.get('strategy') or 'chosen'}.",
+        "calibrating": "Calibrating on the held-out photos…",
+        "done": "Done; writing the result page…",
+    }
     if p["phase"] in words:
         return words[p["phase"]]
     total = f" of ~{p['total_steps']}" if p.get("total_steps") else ""
@@ -67,20 +104,9 @@ def _line(p: dict) -> str:
     return f"Training: step {p['step']}{total} (epoch {p['epoch']}){loss}{val}{eta}"
 
 
-def _summary(result: dict, value: str, label: str) -> str:
-    if not result["complete"]:
-        head = "**Cancelled**: the model as it was then (uncalibrated) is in use now."
-    else:
-        acc = result["val_accuracy"]
-        head = f"**Done**: held-out accuracy **{acc:.1f}%** on {result['val_images']} photos."
-    rows = [
-        head,
-        f"- classes: {', '.join(result['classes'])}; {result['train_images']} photos, {result['steps']} steps",
-    ]
-    if result["temperature"] is not None:
-        rows.append(f"- calibration: temperature {result['temperature']:.3f}, 'none of my classes' detector fitted")
-    rows.append(f"- the picker now uses **{label}** (`{value}`): Classify, Explore, Compare and Batch explain it")
-    return "\n".join(rows)
+def _problem(message: str) -> tuple:
+    """A visitor's mistake or a refusal, in the tab's progress line; every other output left as it is."""
+    return (f"⚠️ {sentence(message)}", *[gr.skip()] * (OUTPUTS - 1))
 
 
 def train(
@@ -92,8 +118,21 @@ def train(
     request: gr.Request | None = None,
 ) -> Iterator[tuple]:
     """Fine-tune ``model_choice`` on a zip of labelled photos (one folder per class) for ``minutes``; yields
-    (progress, loss curve, result, run folder zip, model): the last is the new model's value for ``/classify``."""
-    session = getattr(request, "session_hash", None) or "api"
+    (progress, loss curve, result, run folder zip, model, confusion matrix, misclassified photos, result details):
+    the fifth is the new model's value for ``/classify``; the last update's details are the run's result
+    (strategy and why, per-class accuracy, confusion matrix, misclassified files, ECE, threshold). A problem
+    (a bad zip, the server busy, the training failed) is the progress line of an update that changes nothing
+    else."""
+    try:
+        yield from _checked(ctx, photos, model_choice, minutes, double_size, getattr(request, "session_hash", None))
+    except gr.Error as e:  # Busy, a refused model and the checks below are gr.Errors too
+        yield _problem(e.message)
+
+
+def _checked(
+    ctx: Context, photos: str | None, model_choice: str, minutes: float, double_size: bool, session: str | None
+) -> Iterator[tuple]:
+    """``train`` once its arguments are checked, holding the job slot and the memory gate."""
     limits = limits_of(ctx)
     if not photos:
         raise gr.Error("Upload a zip of photos, one folder per class.", print_exception=False)
@@ -106,7 +145,7 @@ def train(
         raise gr.Error(f"Twice this model's input is over {MAX_DOUBLED} px: too slow to train here.")
     trainer = ctx.trainer
     try:
-        job = trainer.start(session, minutes)
+        job = trainer.start(session or "api", minutes)
     except TrainingBusy as e:
         raise gr.Error(str(e), print_exception=False) from None
     try:
@@ -123,7 +162,8 @@ def _train(ctx: Context, job: Job, photos: str, init: str, size: int | None, lim
         found = from_zip(photos, job.data, limits)
     except ValueError as e:
         raise gr.Error(sentence(str(e)), print_exception=False) from None
-    yield f"{found.text()}. Starting…", _curve([]), "", gr.update(value=None, visible=False), skip
+    hidden = gr.update(value=None, visible=False)
+    yield f"{found.text()}. Starting…", _plot([]), "", hidden, skip, hidden, hidden, None, []
     points, last, result = [], 0.0, None
     try:
         for report in trainer.run(job, init, size):
@@ -134,20 +174,38 @@ def _train(ctx: Context, job: Job, photos: str, init: str, size: int | None, lim
                 points.append({"step": report["step"], "loss": report["loss"]})
             if report["phase"] != "training" or report["elapsed_s"] - last >= UPDATE_S:
                 last = report["elapsed_s"]
-                yield _line(report), _curve(points), skip, skip, skip
+                yield _line(report, job.stop_file.exists()), _plot(points), *[skip] * (OUTPUTS - 2)
     except RuntimeError as e:
         raise gr.Error(sentence(str(e)), print_exception=False) from None
+    download = gr.update(value=str(zip_run(job.out, job.folder / f"{job.out.name}.zip")), visible=True)
+    if not result["complete"]:  # the model in use stays: the run is neither finished nor calibrated
+        line = f"Cancelled after step {result['steps']}: the model in use is unchanged."
+        yield line, _plot(points), summary(result, None), download, skip, hidden, hidden, result, []
+        return
     trained = trainer.register(job, result["classes"])
-    download = zip_run(job.out, job.folder / f"{job.out.name}.zip")
-    summary = _summary(result, trained.value, trained.label)
     picker = gr.Dropdown(choices=ctx.models.choices(job.session), value=trained.value)
-    yield "Finished.", _curve(points), summary, gr.update(value=str(download), visible=True), picker
+    shown = keep_misclassified(result, job.data, job.folder / "misclassified")
+    confusion = confusion_image(result)
+    matrix = gr.update(value=confusion, visible=confusion is not None)
+    gallery = gr.update(value=shown, visible=bool(shown))
+    text = summary(result, trained.label)
+    yield "Done.", _plot(points), text, download, picker, matrix, gallery, result, [p for p, _ in shown]
+
+
+def open_photo(ctx: Context, shown: list[str] | None, event: gr.SelectData) -> str | dict:
+    """The misclassified photo clicked on the result page, for the page's image (which Classify explains): its
+    path from this session's own list, by the click's index (never a path that the click names)."""
+    index = getattr(event, "index", None)
+    if not shown or isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(shown):
+        return gr.skip()
+    return shown[index] if Path(shown[index]).is_file() else gr.skip()
 
 
 def cancel(ctx: Context, request: gr.Request | None = None) -> str:
-    """Stop this session's training job after its current step (the model as it is then is kept)."""
+    """Stop this session's training job after its current step (the model in use stays as it was; the run
+    folder, uncalibrated, is offered)."""
     asked = ctx.trainer.cancel(getattr(request, "session_hash", None) or "api")
-    return "Stopping after this step…" if asked else "No training job of yours is running."
+    return "Cancelling after this step…" if asked else "No training job of yours is running."
 
 
 def push(ctx: Context, repo: str, token: str, request: gr.Request | None = None) -> str:
@@ -187,22 +245,52 @@ def build(ctx: Context, page: Page) -> Tab:
                 start = gr.Button("Train", variant="primary")
                 stop = gr.Button("Cancel")
     progress = gr.Markdown(label="Progress", elem_id="train-progress")
-    curve = gr.LinePlot(_curve([]), x="step", y="loss", label="Training loss", height=220, elem_id="train-curve")
+    curve = gr.LinePlot(
+        _curve([]),
+        x="step",
+        y="loss",
+        x_lim=[0, None],  # both from 0: the whole curve in sight as it falls (``_plot``)
+        y_lim=[0, None],
+        **CURVE_AXES,
+        label="Training loss",
+        elem_id="train-curve",  # no height: a set one cuts off the x axis's title and labels (Gradio 6.31)
+    )
     result = gr.Markdown(label="Result", elem_id="train-result")
+    with gr.Row():
+        matrix = figure(
+            "Confusion matrix (held-out photos)", "train-confusion", height=380, visible=False, min_width=300
+        )
+        wrong = gr.Gallery(
+            label="Misclassified held-out photos (true → answered): click one to open it in Classify",
+            columns=4,
+            height="auto",
+            object_fit="contain",
+            allow_preview=False,
+            visible=False,
+            min_width=300,
+            elem_id="train-misclassified",
+            elem_classes=["tiles", "phone-2-columns"],
+        )
     download = gr.File(label="Run folder (zip)", interactive=False, visible=False)  # shown with its zip
-    outputs = [progress, curve, result, download, page.picker.choice]
+    details = gr.JSON(label="Result details", visible=False)  # the API's: the run's result, whole
+    shown = gr.State([])  # the misclassified photos' paths, for a click to open one (``open_photo``)
+    outputs = [progress, curve, result, download, page.picker.choice, matrix, wrong, details, shown]
     with gr.Row(visible=not public):
         repo = gr.Textbox(label="Hub repo (owner/name)", scale=2)
         token = gr.Textbox(label="Hugging Face token", type="password", scale=2)
         upload = gr.Button("Push to the Hub", scale=1)
     pushed = gr.Markdown(label="Pushed to the Hub")
     # no queue: a second job is refused at once ("try again in N min"); the job holds the gate itself (``train``)
-    own = {"compute": False, "options": {"concurrency_limit": None}}
+    # the progress line alone shows that it runs: the picker, the curve and the result stay usable and readable
+    own = {"compute": False, "options": {"concurrency_limit": None, "show_progress_on": [progress]}}
     inputs = [photos, page.picker.choice, minutes, double]
+    wrong.select(None, None, None, js=SHOW_IMAGE_TAB_JS)
+    private = {"api_visibility": "private"}
     return Tab(
         apis=[
             Api("train", train, inputs, outputs, None, triggers=[start.click], **own),
             Api("train_cancel", cancel, [], [progress], None, triggers=[stop.click], **own),
-            Api("push", push, [repo, token], [pushed], None, [upload.click], False, {"api_visibility": "private"}),
+            Api("push", push, [repo, token], [pushed], None, [upload.click], False, private),
+            Api("train_open", open_photo, [shown], [page.controls.image], request_only, [wrong.select], False, private),
         ]
     )
