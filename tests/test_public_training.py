@@ -73,7 +73,7 @@ def test_a_trained_model_and_its_job_are_their_callers(server, tmp_path):
         time.sleep(0.2)
     for session, address in ((owner.session_hash, "10.0.0.2"), ("someone-else", "10.0.0.1")):
         assert "Stopping" not in _cancel_as(url, session, address)
-    *_, summary, _, value = job.result()
+    _, _, summary, _, value, *_ = job.result()
     assert "Done" in summary, summary
     value = value["value"] if isinstance(value, dict) else value
     assert str(value).startswith("trained:")

@@ -87,12 +87,12 @@ def test_cancel_stops_a_job_while_it_decodes(ctx, tmp_path):
     photos = str(make_zip(tmp_path / "slow.zip", members))
     request = types.SimpleNamespace(session_hash="slow")
     updates, cancelled = [], None
-    with pytest.raises(gr.Error, match="Cancelled while reading the photos"):
-        for update in train.train(ctx, photos, ctx.models.default, 1.0, False, request):
-            updates.append(update)
-            if "Reading the photos" in str(update[0]) and cancelled is None:
-                cancelled = time.perf_counter()
-                assert "Stopping" in train.cancel(ctx, request)
+    for update in train.train(ctx, photos, ctx.models.default, 1.0, False, request):
+        updates.append(update)
+        if "Reading the photos" in str(update[0]) and cancelled is None:
+            cancelled = time.perf_counter()
+            assert "Cancelling" in train.cancel(ctx, request)
+    assert "Cancelled while reading the photos" in updates[-1][0], updates[-1]  # in the tab's own status line
     assert cancelled is not None and time.perf_counter() - cancelled < 10, updates
     assert _left_in(ctx.trainer) == []
     ctx.trainer.finish(ctx.trainer.start("next", 1))  # the slot is free
@@ -104,7 +104,7 @@ def test_the_smallest_training_set_trains(ctx, tmp_path):
     request = types.SimpleNamespace(session_hash="tiny")
     photos = str(two_classes(tmp_path / "p.zip", per_class=2))
     updates = list(train.train(ctx, photos, ctx.models.default, 0.05, False, request))
-    assert "Done" in updates[-1][2] and "detector fitted" in updates[-1][2], updates[-1]
+    assert "Done" in updates[-1][2] and "None of my classes" in updates[-1][2], updates[-1]
 
 
 # ------------------------------------------------------------------------------------ disk
@@ -135,8 +135,8 @@ def test_every_folder_of_a_job_goes_when_it_ends_however_it_ends(public_ctx, tmp
     # a zip refused by the tab leaves nothing either
     bad = str(make_zip(tmp_path / "one.zip", {"a/1.jpg": b"not an image"}))
     refused = Trainer(public_ctx.models, None, ttl=3600)
-    with pytest.raises(gr.Error, match="at least 2 class"):
-        list(train.train(Context(public_ctx.models, trainer=refused), bad, public_ctx.models.default, 0.1))
+    (refusal,) = train.train(Context(public_ctx.models, trainer=refused), bad, public_ctx.models.default, 0.1)
+    assert "at least 2 class" in refusal[0]  # in the tab's own status line
     assert _left_in(refused) == []
 
 
