@@ -417,8 +417,9 @@ def test_the_result_page_reads_as_sentences_a_table_a_matrix_and_a_gallery(tmp_p
 
 
 def test_classify_offers_its_examples_only_for_a_model_of_their_classes(ctx, tmp_path):
-    """The examples are CIFAR-10 photos labelled with their classes: offered for the bundled model, not for a
-    model trained on ants and bees (a page that loads it, or switches to it, hides them)."""
+    """The examples are CIFAR-10 photos labelled with their classes: offered for the bundled model and for a model
+    with one of them among its classes' words (ImageNet's), not for a model trained on ants and bees (a page that
+    loads it, or switches to it, hides them)."""
     cfg = vit_core.ViTConfig(
         img_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=2, label_names=("ants", "bees")
     )
@@ -432,6 +433,9 @@ def test_classify_offers_its_examples_only_for_a_model_of_their_classes(ctx, tmp
     hidden = load.fn(value, request=request)[at]
     assert _visible(shown) is True and _visible(hidden) is False
     ctx.models.forget(value)
+    # ImageNet's names hold the examples' classes as words: its models keep them (the default with the Hub)
+    imagenet = vit_core.create_model(cfg.replace(label_names=("goldfish, Carassius auratus", "tabby, tabby cat")))
+    assert classify.examples_fit(imagenet) and not classify.examples_fit(vit_core.create_model(cfg))
 
 
 def _visible(update: object) -> bool:
