@@ -3,29 +3,23 @@
     python -m bench.photo_split                 # runs/photo_split/<set>/{fit,held}/<class>/<file> (links)
 
 Each photo of ``photos/<set>/train/<class>/`` under the data root goes to ``held`` when the SHA-256 of its file
-name falls in the lowest ``HELD`` share (a split that does not change when files are added), else to ``fit``. A
-recipe trained for choosing names ``runs/photo_split/<set>/fit`` as its photos' folder (a folder without a
-``train/`` sub-folder is used whole); ``python -m bench.photo_answers --split held`` measures the ``held`` share.
+name falls in the lowest ``HELD_SHARE`` (``vit_core.data.photos.in_held_share``: a split that does not change when
+files are added), else to ``fit``. A recipe trained for choosing takes ``"share": "fit"`` in its photos' specs (the
+same photos); ``python -m bench.photo_answers --split held`` measures the ``held`` share.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import shutil
 from pathlib import Path
 
 from vit_core.data import default_data_root
+from vit_core.data.photos import in_held_share
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "photo_split"
 SETS = ("cats_and_dogs", "cars_birds_deer_frogs_horses", "ants_and_bees")
-HELD = 0.2
-
-
-def held(name: str) -> bool:
-    """Whether the photo named ``name`` is in the held-out share."""
-    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) < HELD * 16**8
 
 
 def split(dataset: str, out: Path = OUT) -> Path:
@@ -37,7 +31,7 @@ def split(dataset: str, out: Path = OUT) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     for cls in sorted(p for p in (default_data_root() / "photos" / dataset / "train").iterdir() if p.is_dir()):
         for photo in sorted(cls.iterdir()):
-            dest = tmp / ("held" if held(photo.name) else "fit") / cls.name
+            dest = tmp / ("held" if in_held_share(photo.name) else "fit") / cls.name
             dest.mkdir(parents=True, exist_ok=True)
             (dest / photo.name).symlink_to(photo.resolve())
     tmp.rename(folder)

@@ -67,10 +67,33 @@ def test_photos_join_an_in_memory_training_set(folder):
         with_photos(base, SPEC | {"folder": str(folder), "classes": {"cats": "horse"}}, None, SQUASH, seed=0)
 
 
+def test_a_share_of_the_photos_is_the_hash_split_of_their_file_names(tmp_path):
+    """``share``: "held" takes the photos whose file name's SHA-256 (first 8 hex digits) is under a fifth of the
+    range, "fit" the others; the two partition the folder, photos and outliers alike (the held-out share a recipe
+    is chosen on is never trained on)."""
+    import hashlib
+
+    (tmp_path / "val").mkdir()
+    for name in ("cats", "dogs"):
+        (tmp_path / "train" / name).mkdir(parents=True)
+        for i in range(15):
+            Image.new("RGB", (8, 8), (i * 10, 0, 0)).save(tmp_path / "train" / name / f"{name}.{i}.jpg")
+    everyone = sorted(p.name for p in tmp_path.glob("train/*/*.jpg"))
+    held = {n for n in everyone if int(hashlib.sha256(n.encode()).hexdigest()[:8], 16) / 16**8 < 0.2}
+    assert 0 < len(held) < len(everyone)
+    spec = SPEC | {"folder": str(tmp_path), "copies": 1}
+    sizes = {share: len(photo_images(spec | {"share": share}, ["cat", "dog"], SQUASH, 0)) for share in ("fit", "held")}
+    assert sizes == {"fit": len(everyone) - len(held), "held": len(held)}
+    outliers = {"folder": str(tmp_path), "copies": 1, "weight": 0.1, "share": "held"}
+    base = InMemoryImageDataset(torch.zeros(0, 3, 32, 32, dtype=torch.uint8), torch.zeros(0).long(), ["cat", "dog"])
+    assert len(with_photos(base, None, outliers, SQUASH, seed=0)) == len(held)
+
+
 @pytest.mark.parametrize(
     "bad, match",
     [
-        ({"photos": {"folder": "x", "classes": {"a": "b"}}}, "exactly the keys"),
+        ({"photos": {"folder": "x", "classes": {"a": "b"}}}, "needs the keys"),
+        ({"photos": {"folder": "x", "classes": {"a": "b"}, "copies": 1, "share": "all"}}, "share must be one of"),
         ({"photos": {"folder": "x", "classes": {"a": "b"}, "copies": 0}}, "copies must be"),
         ({"photos": {"folder": "x", "classes": [], "copies": 1}}, "classes must map"),
         ({"keep_head": True}, "keep_head keeps a fine-tuned checkpoint's head"),

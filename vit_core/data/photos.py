@@ -16,11 +16,17 @@ Photos of other things (a recipe's ``outliers``, e.g. ``photos/ants_and_bees``) 
 of their folder, labelled ``OUTLIER`` (-1): outlier exposure (Hendrycks et al. 2019), whose loss
 (``vit_core.training.builders.OutlierExposure``) pushes the model's answer for them toward "all classes equally likely".
 
+A spec may take a ``share`` of its folder's photos: "fit" or "held", the photos whose file name's SHA-256 falls
+above or in the lowest ``HELD_SHARE`` (``in_held_share``: a split that does not move when files are added), so that
+a recipe chosen on a held-out share of ``train`` names the photos it trained on (``bench.photo_split`` links the
+same two shares for measuring).
+
 Everything is drawn from ``random.Random(seed)``: the same recipe makes the same images.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import random
@@ -38,7 +44,21 @@ from .transforms import _resize_center_crop
 
 PHOTO_KEYS = ("folder", "classes", "copies")
 OUTLIER_KEYS = ("folder", "copies", "weight")
+SHARES = ("fit", "held")  # a spec's optional "share" of its folder's photos
+HELD_SHARE = 0.2  # the held-out share's size
 OUTLIER = -1  # the target of a photo of none of the model's classes
+
+
+def in_held_share(name: str) -> bool:
+    """Whether the photo file named ``name`` is in the held-out share: its SHA-256 among the lowest ``HELD_SHARE``."""
+    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) < HELD_SHARE * 16**8
+
+
+def _in_share(samples: list[tuple[Path, int]], share: str | None) -> list[tuple[Path, int]]:
+    """``samples`` of a spec's ``share`` ("fit", "held"; None: all)."""
+    return (
+        samples if share is None else [(p, y) for p, y in samples if in_held_share(Path(p).name) == (share == "held")]
+    )
 
 
 def photo_specs(photos: dict[str, Any] | list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -56,7 +76,7 @@ def check_photos(photos: dict[str, Any] | list[dict[str, Any]] | None) -> list[s
 
 def _spec_problems_of_one(spec: dict[str, Any] | None) -> list[str]:
     problems = _spec_problems("photos", spec, PHOTO_KEYS)
-    if spec is None or set(spec) != set(PHOTO_KEYS):
+    if spec is None or set(spec) - {"share"} != set(PHOTO_KEYS):
         return problems
     classes = spec["classes"]
     if not (isinstance(classes, dict) and classes and all(isinstance(v, str) for v in classes.values())):
@@ -68,7 +88,7 @@ def check_outliers(spec: dict[str, Any] | None) -> list[str]:
     """Problems with a recipe's ``outliers``: {"folder": path (relative: under the data root), "copies": n >= 1,
     "weight": the outlier-exposure loss's weight > 0 (Hendrycks et al. 2019 use 0.5)}."""
     problems = _spec_problems("outliers", spec, OUTLIER_KEYS)
-    if spec is None or set(spec) != set(OUTLIER_KEYS):
+    if spec is None or set(spec) - {"share"} != set(OUTLIER_KEYS):
         return problems
     weight = spec["weight"]
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
@@ -77,13 +97,16 @@ def check_outliers(spec: dict[str, Any] | None) -> list[str]:
 
 
 def _spec_problems(key: str, spec: dict[str, Any] | None, keys: tuple[str, ...]) -> list[str]:
-    """What a photo folder's spec (``key`` of a recipe) gets wrong in its keys, its folder or its copies."""
+    """What a photo folder's spec (``key`` of a recipe) gets wrong in its keys, its folder, its share or its
+    copies."""
     if spec is None:
         return []
-    unknown, missing = sorted(set(spec) - set(keys)), sorted(set(keys) - set(spec))
+    unknown, missing = sorted(set(spec) - set(keys) - {"share"}), sorted(set(keys) - set(spec))
     if unknown or missing:
-        return [f"{key} needs exactly the keys {', '.join(keys)} (unknown {unknown}, missing {missing})"]
+        return [f"{key} needs the keys {', '.join(keys)}, and may take share (unknown {unknown}, missing {missing})"]
     problems = [] if isinstance(spec["folder"], str) else [f"{key} folder must be a path, got {spec['folder']!r}"]
+    if spec.get("share", "fit") not in SHARES:
+        problems.append(f"{key} share must be one of {', '.join(SHARES)}, got {spec['share']!r}")
     copies = spec["copies"]
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
         problems.append(f"{key} copies must be an integer >= 1, got {copies!r}")
@@ -134,8 +157,9 @@ def photo_like(img: Image.Image, rng: random.Random) -> Image.Image:
 def photo_images(
     spec: dict[str, Any], class_names: list[str], cfg: dict[str, Any], seed: int, progress: bool = True
 ) -> InMemoryImageDataset:
-    """The training photos of ``spec`` (a recipe's ``photos``), ``copies`` of each, labelled with the model's
-    ``class_names`` through ``spec["classes"]``, as uint8 images of the input size (module docstring)."""
+    """The training photos of ``spec`` (a recipe's ``photos``; its ``share`` of them when it names one),
+    ``copies`` of each, labelled with the model's ``class_names`` through ``spec["classes"]``, as uint8 images of
+    the input size (module docstring)."""
     folder = ImageFolderDataset(photo_folder(spec["folder"], "train"))
     mapping = spec["classes"]
     wrong = sorted(set(mapping) - set(folder.classes)) + sorted(set(mapping.values()) - set(class_names))
@@ -146,6 +170,7 @@ def photo_images(
     samples = [
         (p, class_names.index(mapping[folder.classes[y]])) for p, y in folder.samples if folder.classes[y] in mapping
     ]
+    samples = _in_share(samples, spec.get("share"))
     return _shrunk_copies(samples, spec["copies"], class_names, cfg, random.Random(seed), "photos", progress)
 
 
@@ -155,7 +180,7 @@ def outlier_images(
     """Every training photo of ``spec`` (a recipe's ``outliers``), ``copies`` of each as ``photo_images`` makes
     them, labelled ``OUTLIER``."""
     folder = ImageFolderDataset(photo_folder(spec["folder"], "train"))
-    samples = [(p, OUTLIER) for p, _ in folder.samples]
+    samples = _in_share([(p, OUTLIER) for p, _ in folder.samples], spec.get("share"))
     return _shrunk_copies(samples, spec["copies"], class_names, cfg, random.Random(seed + 1), "outliers", progress)
 
 
