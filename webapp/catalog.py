@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "models" / "cifar10_speedrun"
 # The recipes that trained it, in order: its recipe.json is the last one's, stage<i>_recipe.json the earlier ones'.
-BUNDLED_RECIPES = ("cifar10_speedrun_bf16", "cifar10_speedrun_photos")
+BUNDLED_RECIPES = ("cifar10_speedrun_bf16", "cifar10_speedrun_photos", "cifar10_speedrun_photos7")
 BUNDLED_LABEL = "bundled: CIFAR-10 hybrid ViT"
 
 

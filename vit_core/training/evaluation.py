@@ -265,7 +265,8 @@ def ood_fit_images(
         return images, name
     specs = [spec | {"copies": 1} for spec in photo_specs(photos)]
     images = with_photos(images, specs, None, net.pretrained_cfg, 0, progress)
-    return images, f"{name} and the training photos of {' and '.join(spec['folder'] for spec in specs)}"
+    folders = [spec["folder"] + (f" ({spec['share']} share)" if spec.get("share") else "") for spec in specs]
+    return images, f"{name} and the training photos of {' and '.join(folders)}"
 
 
 @torch.no_grad()
