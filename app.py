@@ -35,6 +35,7 @@ from webapp.archives import MAX_TOTAL_BYTES
 from webapp.bodies import MAX_JSON_BYTES, BodyLimits
 from webapp.memory import limit_arenas
 from webapp.models import Models
+from webapp.newcomers import RequestScope, SessionRate
 from webapp.options import ALL_INTERFACES, Options, add_arguments, configure, serving_host
 from webapp.queueing import ClientLimits, UploadLimits
 from webapp.sessions import Sessions
@@ -178,7 +179,7 @@ def main() -> None:
     demo.queue(default_concurrency_limit=args.concurrency, max_size=QUEUE_SIZE)
     ClientLimits(args.per_client, 2 * args.per_client).install(demo)
     payloads.install(demo, options.public)
-    sessions = Sessions()
+    sessions = Sessions(rate=SessionRate() if options.public else None)  # new sessions a minute per address
     print(
         f"memory budget {ctx.gate.max_memory / MB:,.0f} MB, uploads at most {args.max_file_mb} MB, "
         f"other request bodies {MAX_JSON_BYTES / MB:g} MB, sessions {sessions.max_sessions:,}",
@@ -193,7 +194,13 @@ def main() -> None:
         share=args.share,
         css=CSS,
         max_file_size=args.max_file_mb * MB,
-        app_kwargs={"middleware": [Middleware(BodyLimits), Middleware(UploadLimits, max_bytes=upload_limit)]},
+        app_kwargs={
+            "middleware": [
+                Middleware(BodyLimits),
+                Middleware(UploadLimits, max_bytes=upload_limit),
+                Middleware(RequestScope),
+            ]
+        },
         enable_monitoring=False,
         prevent_thread_lock=True,
     )

@@ -11,7 +11,9 @@ each REST ``/call`` (which has no session) left one behind under its event id. `
 - tells the handlers who calls (``trained.Caller``: the session hash and the address), which owns the
   models trained here and their jobs;
 - reserves the room the sessions may still take (``SESSION_BYTES`` each) in the memory gate
-  (``Gate.reserved``), so that requests admitted now still fit when the table fills.
+  (``Gate.reserved``), so that requests admitted now still fit when the table fills;
+- makes a new session's state light and, given a ``newcomers.SessionRate`` (public mode), refuses an address
+  more new sessions than it allows (``newcomers.Newcomers``; its ``RequestScope`` middleware must be installed).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import gradio as gr
 
 from .admission import Gate
 from .errors import log
+from .newcomers import Newcomers, SessionRate
 from .queueing import client_ip
 from .trained import Caller, calling
 
@@ -38,12 +41,14 @@ SWEEP_SECONDS = 60.0
 class Sessions:
     """Bounds ``demo``'s session table (see the module's docstring); ``install`` after ``demo.launch``."""
 
-    def __init__(self, max_sessions: int = MAX_SESSIONS, idle_seconds: float = IDLE_SECONDS) -> None:
-        self.max_sessions, self.idle_seconds = max_sessions, idle_seconds
+    def __init__(
+        self, max_sessions: int = MAX_SESSIONS, idle_seconds: float = IDLE_SECONDS, rate: SessionRate | None = None
+    ) -> None:
+        self.max_sessions, self.idle_seconds, self.rate = max_sessions, idle_seconds, rate
         self.holder: Any = None
 
     def install(self, demo: gr.Blocks, gate: Gate | None = None) -> None:
-        self.holder = demo.server_app.state_holder
+        self.holder = Newcomers.install(demo.server_app.state_holder, self.rate)
         self.holder.capacity = self.max_sessions
         self._drop_sessionless(demo)
         if gate is not None:

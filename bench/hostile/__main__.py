@@ -18,9 +18,16 @@ chunked, three 300 MB model choices; one /batch listing 200 times a zip whose en
 traceback each (cut-off uploads, values of the wrong type, too few values, unknown fn_index); 20 uploads cut off
 at 10 of 20 MB; 100 compare requests from one address under forged X-Forwarded-For addresses; URLs as images.
 
+Round three (``bench/hostile/round3.py``, issue 57; ``--only round3`` runs it alone): a 2,000 x 36 MP PNG zip to
+/train; Cancel while a job decodes 100 36 MP PNGs; the smallest training set (2 classes of 2 photos); ten jobs of
+mixed kinds then a restart (what training holds, ``vit-train-*`` folders left); 20 new sessions a second from one
+address; 200 addresses of one IPv6 /64 (the right-most X-Forwarded-For entry rotated) and a newcomer; two
+streams of one session. The innocent client has an address of its own (``attacks.INNOCENT``).
+
 For each: requests served / refused, the peak RSS above the idle baseline (VmHWM, reset before each case),
 the RSS ``--settle`` seconds later, another client's classify time during the attack against the same request
-alone, log bytes per hostile request, Gradio's temporary upload files left, and whether the server is alive.
+alone, log bytes per hostile request, Gradio's temporary upload files left, the disk left, the tracebacks the
+server logged, and whether the server is alive.
 Targets: alive through all with no OOM kill; peak above baseline <= 1.5 GB for every burst; RSS after a burst <=
 baseline + max(20%, 300 MB); the other client answered within 10 s during the flood; the 1 GB upload refused
 at once; under 300 log bytes per hostile request; no temporary upload file left; the dead process's files gone.
@@ -36,7 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import attacks, load
+from . import attacks, load, round3
+from .attacks import INNOCENT
 from .inputs import Inputs
 from .load import Row, settings
 from .server import MB, App, Cgroup, Raw
@@ -76,6 +84,19 @@ def _cases(raw: Raw, app: App, inputs: Inputs, args: argparse.Namespace) -> list
         ("20 uploads cut off at 10 of 20 MB", lambda row: attacks.case_cut_uploads(raw, 20, row), False),
         ("100 compares under forged X-Forwarded-For", lambda row: attacks.case_spoofed(raw, inputs, row), True),
         ("an http URL as the image", lambda row: attacks.case_url(raw, inputs, row), False),
+        *[(f"round3: {name}", case, burst) for name, case, burst in _round3(raw, inputs)],
+    ]
+
+
+def _round3(raw: Raw, inputs: Inputs) -> list:
+    return [
+        ("2,000 x 36 MP PNG zip to /train", lambda row: round3.case_png_zip(raw, inputs, row), False),
+        ("Cancel while decoding 100 x 36 MP", lambda row: round3.case_cancel_decoding(raw, inputs, row), True),
+        ("the smallest training set, 2 x 2", lambda row: round3.case_smallest(raw, inputs, row), True),
+        ("10 jobs of mixed kinds, then a restart", lambda row: round3.case_jobs_restart(raw, inputs, row), True),
+        ("20 new sessions/s from one address", lambda row: round3.case_new_sessions(raw, inputs, row), True),
+        ("200 addresses of one IPv6 /64", lambda row: round3.case_ipv6(raw, inputs, row), True),
+        ("two streams of one session", lambda row: round3.case_two_streams(raw, inputs, row), False),
     ]
 
 
@@ -95,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         raw = Raw(app)
         alone = []
         for _ in range(3):  # warm up (imports, the first request's allocations), then the reference time
-            alone.append(raw.call("classify", [raw.upload(inputs.unique_cat()), *settings(app.model)]).seconds)
+            cat = raw.upload(inputs.unique_cat())
+            alone.append(raw.call("classify", [cat, *settings(app.model)], headers=INNOCENT).seconds)
         time.sleep(args.settle)
         baseline, reference = app.rss, sorted(alone)[1]
         print(f"idle baseline RSS {baseline / MB:,.0f} MB; a classify alone {reference:.2f} s", flush=True)
@@ -106,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
             rows.append(row)
             print(f"- {name} ...", flush=True)
             app.reset_peak()
-            log_before = app.log_bytes
+            log_before, tracebacks_before = app.log_bytes, app.tracebacks
             try:
                 case(row)
             except Exception as e:  # a dead server: recorded, the next cases say so too
@@ -115,11 +137,13 @@ def run(args: argparse.Namespace) -> int:
             if not row.alive:
                 break
             row.peak = app.peak - baseline
-            row.log_bytes = app.log_bytes - log_before
+            row.log_bytes = 0 if "restart" in row.case else app.log_bytes - log_before
+            row.tracebacks = app.tracebacks - tracebacks_before
+            row.disk_free = shutil.disk_usage(tmp).free
             row.partial_files = len(app.partial_files())
             time.sleep(args.settle)
             row.after = app.rss - baseline
-        return report(rows, baseline, cgroup, args, stale)
+        return report(rows, baseline, cgroup, args, stale, app.tracebacks)
     finally:
         if app is not None:
             app.stop()
@@ -127,19 +151,22 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def report(rows: list[Row], baseline: int, cgroup: Cgroup, args: argparse.Namespace, stale: int) -> int:
+def report(
+    rows: list[Row], baseline: int, cgroup: Cgroup, args: argparse.Namespace, stale: int, tracebacks: int
+) -> int:
     settle = f"{args.settle:.0f} s after"
     print()
     print(
         f"| case | served / refused | peak above baseline | {settle} | other client's classify | log bytes a "
-        "request | tmp files left | alive | notes |"
+        "request | tmp files left | disk free | tracebacks | alive | notes |"
     )
-    print("|---|---:|---:|---:|---|---:|---:|---|---|")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---|---|")
     for r in rows:
         wait = "-" if r.wait is None else f"{r.wait:.1f} s (alone {r.reference:.1f} s: x{r.wait / r.reference:.1f})"
         print(
             f"| {r.case} | {r.served} / {r.refused} | {r.peak / MB:+,.0f} MB | {r.after / MB:+,.0f} MB | {wait} | "
-            f"{r.log_bytes / max(1, r.requests):,.0f} | {r.partial_files} | {'yes' if r.alive else 'NO'} | {r.note} |"
+            f"{r.log_bytes / max(1, r.requests):,.0f} | {r.partial_files} | {r.disk_free / 2**30:,.1f} GB | "
+            f"{r.tracebacks} | {'yes' if r.alive else 'NO'} | {r.note} |"
         )
     refusals = sorted({m for r in rows for m in r.messages})
     if refusals:
@@ -149,6 +176,8 @@ def report(rows: list[Row], baseline: int, cgroup: Cgroup, args: argparse.Namesp
     settle_limit = max(0.2 * baseline, 300 * MB)
     flood = next((r for r in rows if r.case.startswith("100 classifies")), None)
     upload = next((r for r in rows if r.case.startswith("1 GB")), None)
+    sessions = next((r for r in rows if "new sessions/s" in r.case), None)
+    ipv6 = next((r for r in rows if "IPv6" in r.case), None)
     checks = {
         "alive through all, no OOM kill": all(r.alive for r in rows) and cgroup.oom_kills() == 0,
         "peak above baseline <= 1.5 GB for every burst": all(r.peak <= PEAK_TARGET for r in rows if r.burst),
@@ -163,11 +192,17 @@ def report(rows: list[Row], baseline: int, cgroup: Cgroup, args: argparse.Namesp
             r.log_bytes <= LOG_TARGET * r.requests for r in rows if not r.burst or r.refused
         ),
         "no temporary upload file left": all(r.partial_files == 0 for r in rows),
+        "no traceback in the server's log over the run": tracebacks == 0,
+        "no vit-train-* folder left after the restart": all(r.orphans == 0 for r in rows),
+        "20 new sessions/s: the innocent client's median <= 2x alone": sessions is None
+        or (sessions.wait is not None and sessions.wait <= 2 * (sessions.reference or 0)),
+        "a newcomer beside one IPv6 /64's 200 addresses served within 10 s": ipv6 is None
+        or (ipv6.wait is not None and ipv6.wait <= 10),
         f"the {STALE_FILES:,} files of a dead process swept at start": stale == 0,
     }
     print(
         f"\nbaseline {baseline / MB:,.0f} MB; OOM kills in the cgroup: {cgroup.oom_kills()}; "
-        f"files of the dead process left: {stale}"
+        f"files of the dead process left: {stale}; tracebacks in the server's log: {tracebacks}"
     )
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")

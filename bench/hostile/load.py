@@ -33,6 +33,9 @@ class Row:
     hostile: int = 0  # hostile requests sent, when they are not simply served + refused
     log_bytes: int = 0  # what the server logged during the case
     partial_files: int = 0  # Gradio's temporary upload files left after it
+    tracebacks: int = 0  # in the server's log during the case
+    disk_free: int = 0  # bytes free on the disk of the app's temporary files, after it
+    orphans: int = 0  # vit-train-* folders left (the restart case)
 
     @property
     def requests(self) -> int:

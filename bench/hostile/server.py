@@ -72,20 +72,30 @@ class App:
 
     def __init__(self, cgroup: Cgroup, tmp: Path, extra: list[str]) -> None:
         self.port, self.cgroup, self.log = _free_port(), cgroup, tmp / "app.log"
-        self.gradio_tmp = tmp / "gradio"
+        self.gradio_tmp, self.tmpdir = tmp / "gradio", tmp / "tmp"
+        self.tmpdir.mkdir(exist_ok=True)
         env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "FORWARDED_HOPS": "1"}
-        env["GRADIO_TEMP_DIR"] = str(self.gradio_tmp)
-        cmd = [sys.executable, str(ROOT / "app.py"), "--model", "bundled", "--port", str(self.port)]
-        with self.log.open("w") as out:
+        env["GRADIO_TEMP_DIR"], env["TMPDIR"] = str(self.gradio_tmp), str(self.tmpdir)  # training's vit-train-*
+        self.cmd = [sys.executable, str(ROOT / "app.py"), "--model", "bundled", "--port", str(self.port), *extra]
+        self.env = env
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._start("w")
+
+    def restart(self) -> None:
+        """Stop the app (as a Space's restart does: SIGTERM) and start it again, its log appended."""
+        self.stop()
+        self._start("a")
+
+    def _start(self, mode: str) -> None:
+        with self.log.open(mode) as out:
             self.proc = subprocess.Popen(
-                cmd + extra,
+                self.cmd,
                 cwd=ROOT,
-                env=env,
+                env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=cgroup.enter,
+                preexec_fn=self.cgroup.enter,
             )
-        self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + 600
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -116,6 +126,10 @@ class App:
 
     def reset_peak(self) -> None:
         Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+
+    @property
+    def tracebacks(self) -> int:
+        return self.log.read_text(errors="replace").count("Traceback (most recent call last)")
 
     @property
     def log_bytes(self) -> int:
