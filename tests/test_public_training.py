@@ -85,3 +85,4 @@ def test_a_trained_model_and_its_job_are_their_callers(server, tmp_path):
         with pytest.raises(AppError, match="trained in another session"):
             other.predict(handle_file(str(CAT)), model_choice=value, api_name="/classify")
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    assert list((log.parent / "gradio").glob("tmp*")) == []  # Gradio's gr.File left an empty file per zip

@@ -35,6 +35,7 @@ from ..trainset import LOCAL, PUBLIC, Limits, from_zip
 from ..ui.context import Context
 from ..ui.controls import figure
 from ..ui.endpoints import Api, Page, Tab
+from ..ui.inputs import PathFile
 
 TITLE = "Train"
 # the training process before its images: torch, the model, a batch (the bundled model on 80 photos: 1.06 GB RSS)
@@ -232,7 +233,7 @@ def build(ctx: Context, page: Page) -> Tab:
         f"measure and calibrate the new model, which the picker then switches to. {keep}"
     )
     with gr.Row():
-        photos = gr.File(
+        photos = PathFile(  # no empty copy left in Gradio's cache per job
             label="Labelled photos (zip)", file_types=[".zip"], type="filepath", min_width=280, elem_id="train-photos"
         )
         with gr.Column(min_width=280):

@@ -62,17 +62,27 @@ class ImageUpload(gr.Image):
         return api_example(EXAMPLES[0])
 
 
-class Uploads(gr.File):
-    """``gr.File`` for many files, with two of the example photos as the API page's sample input. Each file is
-    passed on as its path: Gradio's own ``gr.File`` also leaves an empty ``tmp*`` file in its cache for each file
-    of each request, never removed (200 files listed in one request left 200)."""
+_KINDS = {"image": "an image", ".zip": "a zip archive"}  # a file type as a refusal names it
+
+
+class PathFile(gr.File):
+    """``gr.File`` that passes each uploaded file on as its path: Gradio's own also leaves an empty ``tmp*`` file
+    in its cache for each file of each request, never removed (200 files listed in one request left 200; the
+    Train tab's zip one per job)."""
 
     is_template = True
 
     def _process_single_file(self, f: FileData) -> NamedString:
         if self.file_types and not client_utils.is_valid_file(f.path, self.file_types):
-            raise gr.Error(f"{Path(f.path).name}: not an image or a zip archive.", print_exception=False)
+            kinds = " or ".join(_KINDS.get(kind, f"a {kind} file") for kind in self.file_types)
+            raise gr.Error(f"{Path(f.path).name}: not {kinds}.", print_exception=False)
         return NamedString(f.path)
+
+
+class Uploads(PathFile):
+    """``PathFile`` for many files, with two of the example photos as the API page's sample input."""
+
+    is_template = True
 
     def example_payload(self) -> list[dict]:
         return [_file(p) for p in EXAMPLES[:2]]
