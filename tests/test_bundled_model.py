@@ -2,6 +2,7 @@
 and the app's example photos, and carries the calibration its card reports."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -88,3 +89,67 @@ def test_the_ood_bench_fits_the_detector_the_bundle_stores():
         refit = fit_all(model, "cifar10", BUNDLE)["mahalanobis"]
     for key, value in stored.items():
         torch.testing.assert_close(refit[key], value, rtol=1e-3, atol=1e-3, msg=key)
+
+
+# Where the docs quote the bundle's measured numbers: (file, pattern); each pattern matches once, its groups named
+# for the number they quote (SOURCES), which comes from the files `train eval` and `train calibrate` wrote.
+CARD = "models/cifar10_speedrun/README.md"
+NUMBER = r"(?P<{}>[\d.,]+)"
+CLAIMS = [
+    (
+        "README.md",
+        r"\[\*\*{app}%\*\*\]\([^)]*\) CIFAR-10 test top-1 as the app predicts "
+        r"\(six views; {single}% single view\); calibrated ECE {ece};",
+    ),
+    ("docs/app.md", r"for the bundle {single}% → {app}% on\s+CIFAR-10, flips alone {flip}%"),
+    (
+        "docs/app.md",
+        r"bundled model {single}% on the 10,000 CIFAR-10 test images, {app}% with its flip-translate views",
+    ),
+    ("docs/training.md", r"\*\*{app}%\*\* as the app predicts \({single}%\s+single view, ECE {ece}\)"),
+    ("docs/calibration.md", r"\| bundled model \([^)]*\) \| single \| 10,000 \| {single}% \|"),
+    (
+        "docs/calibration.md",
+        r"\| bundled model \([^)]*\) \| flip-translate \(the app\) \| 10,000 \| {app}% "
+        r"\| [\d.]+ \| \*\*{ece}\*\* \| {temperature} \|",
+    ),
+    (CARD, r"value: {app}\n"),
+    (CARD, r"\*\*{app}%\*\* on the 10,000 test images as\s+the app predicts"),
+    (CARD, r"\| single view \| \*\*{single}%\*\*"),
+    (CARD, r"\| `--tta flip` \(the mean with the mirrored image\) \| \*\*{flip}%\*\*"),
+    (CARD, r"six views: what the app shows\) \| \*\*{app}%\*\*"),
+    (CARD, r"\| with flip-translate \(what the app shows\) \| [\d.]+ \| \*\*{ece}\*\* \|"),
+    (CARD, r"\*\*Temperature {temperature}\*\*"),
+    (CARD, r"Above \*\*{threshold}\*\* an image is out of distribution"),
+    (
+        "train/recipes/README.md",
+        r"\*\*the app's bundled model\*\*[^\n]*\| \*\*{single}%\*\* \({flip}% flip TTA, "
+        r"\*\*{app}% flip-translate\*\*, as the app predicts; calibrated flip-translate ECE {ece};",
+    ),
+]
+
+
+def test_the_bundles_numbers_are_quoted_as_measured_everywhere():
+    """Every place the docs quote the bundle's accuracy (single view, flips, the app's six views), ECE, temperature
+    or threshold says what ``train eval`` and ``train calibrate`` wrote beside the weights (the one source; the app's
+    Inspect tab reads those files itself): a copy left behind when the bundle changes fails here."""
+    evals = {tta: json.loads((BUNDLE / f"eval_test{tta}.json").read_text()) for tta in ("", "_flip", "_flip-translate")}
+    cal = vit_core.from_pretrained(BUNDLE).calibration
+    sources = {
+        "single": evals[""]["top1"],
+        "flip": evals["_flip"]["top1"],
+        "app": evals["_flip-translate"]["top1"],
+        "ece": evals["_flip-translate"]["ece"],
+        "temperature": cal.temperature,
+        "threshold": cal.ood.threshold,
+    }
+    checked = set()
+    for doc, claim in CLAIMS:
+        pattern = claim.format(**{name: NUMBER.format(name) for name in sources})
+        found = list(re.finditer(pattern, (ROOT / doc).read_text()))
+        assert len(found) == 1, f"{doc}: {len(found)} matches of {pattern}"
+        for name, quoted in found[0].groupdict().items():
+            decimals = len(quoted.partition(".")[2])
+            assert float(quoted.replace(",", "")) == round(sources[name], decimals), f"{doc}: {name} {quoted}"
+            checked.add(name)
+    assert checked == set(sources)
