@@ -6,7 +6,7 @@ pre-training matters most when labels are few (Dosovitskiy et al., sections 3.2 
     python -m bench.finetune --report-only                # the table and the plot from the recorded points
     python -m bench.finetune --sweep                      # the choices behind FINETUNE_RECIPE, on a split of train
 
-Each point is one ``vit_core.training.finetune.finetune_folder`` call on a set's ``train`` folder (20% of each
+Each point is one ``vit_core.finetune.finetune_folder`` call on a set's ``train`` folder (20% of each
 class held out for the calibration), then ``train eval``'s measurement of its ``val`` images as ``predict`` answers them
 (image and mirror, calibrated): "bundled" starts from ``models/cifar10_speedrun`` (CIFAR-10, 32 px) with a new
 head, "scratch" is the same architecture from its initialisation (airbench's Dirac stem and whitening from the
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import vit_core
 from vit_core.data import default_data_root
+from vit_core.finetune import finetune_folder
 from vit_core.io.files import atomic_write
 from vit_core.training.evaluation import evaluate_checkpoint
-from vit_core.training.finetune import finetune_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTOS = default_data_root() / "photos"

@@ -1,5 +1,5 @@
 """The Train tab's fine-tuning of ViT-B/16 (random weights offline: the speed, not the accuracy) on a folder of
-photos, timed as the tab runs it: ``vit_core.training.finetune.finetune_folder`` with the tab's recipe at 224 px.
+photos, timed as the tab runs it: ``vit_core.finetune.finetune_folder`` with the tab's recipe at 224 px.
 
     python -m bench.train_tab_speed --data ../shared/data/photos/ants_and_bees/train --device cuda --epochs 5
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 import vit_core
-from vit_core.training.finetune import finetune_folder
+from vit_core.finetune import finetune_folder
 
 
 def main() -> None:

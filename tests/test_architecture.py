@@ -73,6 +73,14 @@ def test_no_module_passes_400_lines():
     assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
 
 
+def test_vit_core_is_at_most_7_folders_of_at_most_10_modules():
+    """Folders that name the layer (timm's ``models/``, ``layers/``, ``data/``): few of them, each small enough to
+    read whole; a folder that grows past 10 modules holds two layers."""
+    folders = {p.parent for p in (ROOT / "vit_core").glob("*/__init__.py")}
+    sizes = {f.name: len([p for p in f.glob("*.py") if p.name != "__init__.py"]) for f in folders}
+    assert len(folders) <= 7 and max(sizes.values()) <= 10, sizes
+
+
 # ------------------------------------------------------------------------------- import direction
 
 

@@ -1,4 +1,4 @@
-"""Fine-tuning a folder (``vit_core.training.finetune``): the run folder it writes, its progress, cancellation, the time
+"""Fine-tuning a folder (``vit_core.finetune``): the run folder it writes, its progress, cancellation, the time
 budget, the held-out split and the calibration; and the engine hooks and recipe keys it stands on."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from PIL import Image
 import vit_core
 from train.__main__ import main as train_main
 from vit_core.data import build_transform, load_image, storage_transform, stratified_split
-from vit_core.training.finetune import Progress, finetune_folder
+from vit_core.finetune import Progress, finetune_folder
 
 from .test_engine import TINY, make_image_folder, one_thread  # noqa: F401  (autouse fixture)
 

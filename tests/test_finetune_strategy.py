@@ -1,4 +1,4 @@
-"""Fine-tuning that fits its budget (``training.lpft``): the strategy chosen from the measured speed, the probe's
+"""Fine-tuning that fits its budget (``finetune.lpft``): the strategy chosen from the measured speed, the probe's
 cached features and its fit, the probe's calibration from those features, LP-FT's frozen blocks; and the command
 line's budget ETA, the missing bundled model and a temperature the held-out images cannot set."""
 
@@ -16,9 +16,9 @@ import vit_core
 from train.__main__ import main as train_main
 from vit_core.calibration import MIN_TEMPERATURE, at_search_edge, fit_temperature
 from vit_core.data import build_transform, load_image
+from vit_core.finetune import PROBE_NAME, Progress, finetune_folder
+from vit_core.finetune.lpft import FeatureNet, FeaturePairs, Speed, cache_features, choose_strategy, fit_probe
 from vit_core.training.evaluation import calibrate_model
-from vit_core.training.finetune import PROBE_NAME, Progress, finetune_folder
-from vit_core.training.lpft import FeatureNet, FeaturePairs, Speed, cache_features, choose_strategy, fit_probe
 from vit_core.training.progress import ProgressLine
 
 from .test_engine import TINY, make_image_folder, one_thread  # noqa: F401  (autouse fixture)

@@ -30,6 +30,7 @@ from pathlib import Path
 from vit_core.calibration import MAX_TEMPERATURE, MIN_TEMPERATURE
 from vit_core.calibration.ood import SCORES
 from vit_core.data import ImageDataError
+from vit_core.finetune import CARD_NAME, STRATEGIES, finetune_folder
 from vit_core.io.calibration_file import write_calibration
 from vit_core.io.files import RECIPE_NAME, CheckpointError
 from vit_core.training.evaluation import (
@@ -41,7 +42,6 @@ from vit_core.training.evaluation import (
     format_confusion,
     write_eval,
 )
-from vit_core.training.finetune import CARD_NAME, STRATEGIES, finetune_folder
 from vit_core.training.recipe import Recipe, RecipeError
 from vit_core.training.run_folder import DiskFullError
 
@@ -229,7 +229,7 @@ def run_train(argv: list[str]) -> None:
         print(note, file=sys.stderr)
     recipe, world = Recipe.from_dict(recipe), int(os.environ.get("WORLD_SIZE", "1"))
     if recipe.val_fraction is not None and recipe.budget_minutes is not None and not args.resume and world == 1:
-        # a folder within a budget: the strategy the measured speed affords, as the Train tab (training.finetune)
+        # a folder within a budget: the strategy the measured speed affords, as the Train tab (finetune)
         minutes, progress = recipe.budget_minutes, not args.no_progress
         r = finetune_folder(recipe.data, recipe.init, args.out, minutes=minutes, strategy=args.strategy,
                             overrides=recipe.to_dict(), overwrite=args.overwrite, progress_bar=progress)  # fmt: skip

@@ -8,9 +8,9 @@ import os
 import sys
 from pathlib import Path
 
+from vit_core.finetune import CARD_NAME, finish_run
 from vit_core.io.files import CHECKPOINT_NAME
 from vit_core.training.engine import train
-from vit_core.training.finetune import CARD_NAME, finish_run
 from vit_core.training.recipe import Recipe
 from vit_core.training.run_folder import DiskFullError
 
@@ -38,6 +38,6 @@ def run_by_engine(args: argparse.Namespace, recipe: Recipe) -> None:
         )
         raise DiskFullError(f"{e}; free some space, then {then}") from None
     if recipe.val_fraction is not None and int(os.environ.get("RANK", "0")) == 0:
-        # the held-out images calibrate the model, and the folder gets its model card (vit_core.training.finetune)
+        # the held-out images calibrate the model, and the folder gets its model card (vit_core.finetune)
         finish_run(Path(args.out), recipe, result, calibrate=result.stopped != "asked", progress=not args.no_progress)
         print(f"calibrated on the held-out images; wrote {Path(args.out) / CARD_NAME}")

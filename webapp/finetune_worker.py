@@ -1,5 +1,5 @@
 """The Train tab's training process: ``python -m webapp.finetune_worker JOB.json`` runs
-``vit_core.training.finetune.finetune_folder`` on the job's folder and prints one JSON line per progress report (the
+``vit_core.finetune.finetune_folder`` on the job's folder and prints one JSON line per progress report (the
 ``Progress`` fields), then a ``{"result": ...}`` line (``FinetuneResult``'s fields: the strategy and why, and the
 held-out ``details``: per-class accuracy, confusion matrix, misclassified files, ECE, threshold). It stops after
 the current step once the job's stop file exists (the Cancel button). Everything else it prints goes to its log
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from vit_core.training.finetune import Progress, finetune_folder
+from vit_core.finetune import Progress, finetune_folder
 from webapp.trainset import Stopped, decode_folder
 
 REFUSED = 3  # the exit status of a job refused with a sentence (its ``{"error": ...}`` line)

@@ -3,7 +3,7 @@ per class, the confusion matrix, the held-out photos it got wrong (to open in Cl
 error and its "none of my classes" threshold mean, one plain sentence each.
 
 Made from the run's result as the training process reports it (``webapp.finetune_worker``: ``FinetuneResult``'s
-fields, the held-out ``details`` of ``vit_core.training.held_out``), so that the page and ``/train``'s last
+fields, the held-out ``details`` of ``vit_core.finetune.held_out``), so that the page and ``/train``'s last
 output say the same. The misclassified photos are copied out of the uploaded images before the job deletes them
 (``keep_misclassified``): the gallery and a click that opens one in Classify need them afterwards.
 """
@@ -19,7 +19,7 @@ from PIL import Image
 from vit_core.figures import confusion_figure
 
 MAX_SHOWN = 48  # misclassified photos in the gallery (the model card lists up to 50, the result's details all)
-STRATEGIES = {  # a strategy's name (vit_core.training.lpft.Strategy) in words
+STRATEGIES = {  # a strategy's name (vit_core.finetune.lpft.Strategy) in words
     "full": "the whole model was fine-tuned",
     "lp-ft": "LP-FT: a new head was fitted on the frozen model's features first, then its last blocks fine-tuned",
     "probe": "only a new head was trained, on the frozen model's features (a linear probe)",

@@ -1,5 +1,5 @@
 """How a training run reports while it runs: the progress line it prints, and the hooks a caller (the app's
-Train tab, ``vit_core.training.finetune``) passes to ``engine.train`` to follow each step and to stop the run."""
+Train tab, ``vit_core.finetune``) passes to ``engine.train`` to follow each step and to stop the run."""
 
 from __future__ import annotations
 

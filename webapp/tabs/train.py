@@ -9,7 +9,7 @@ everything else stays as it was: an error raised would put an error badge over e
 and the previous result included. A cancelled run leaves the model in use as it was (its run folder is offered,
 uncalibrated).
 
-The work is ``webapp.training`` (one job at a time, in a process of its own, ``vit_core.training.finetune``) on the
+The work is ``webapp.training`` (one job at a time, in a process of its own, ``vit_core.finetune``) on the
 folder ``webapp.trainset`` writes. In public mode the limits are ``trainset.PUBLIC``, the model is the session's only
 and is deleted after an hour, and there is no Hub push.
 """
@@ -40,7 +40,7 @@ from ..ui.inputs import PathFile
 TITLE = "Train"
 # the training process before its images: torch, the model, a batch (the bundled model on 80 photos: 1.06 GB RSS)
 WORKER_BYTES = 1024 * MB
-BATCH = 32  # vit_core.training.finetune.FINETUNE_RECIPE's batch
+BATCH = 32  # vit_core.finetune.FINETUNE_RECIPE's batch
 MAX_DOUBLED = 224  # the largest input "twice the size" may ask for (a CPU trains 448 px far too slowly)
 UPDATE_S = 2.0  # the page gets at most one update this often while training
 CURVE_AXES = dict(x_title="training step", y_title="training loss")  # the loss curve's axes

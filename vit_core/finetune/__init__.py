@@ -33,15 +33,15 @@ from ..io.checkpoint import save_pretrained
 from ..io.files import RECIPE_NAME
 from ..io.model_card import prepare_upload
 from ..models.model import VisionTransformer
-from . import run_folder
-from .builders import build_datasets, build_network, load_init
-from .engine import TrainResult, train
-from .evaluation import calibrate_model, evaluate, write_eval
+from ..training import run_folder
+from ..training.builders import build_datasets, build_network, load_init
+from ..training.engine import TrainResult, train
+from ..training.evaluation import calibrate_model, evaluate, write_eval
+from ..training.progress import Hooks, StepInfo
+from ..training.recipe import Recipe, RecipeError
+from ..training.run_folder import commit
 from .held_out import card_section, held_out_details, held_out_files
 from .lpft import FeatureNet, FeaturePairs, Strategy, cache_features, choose_strategy, fit_probe, measure_speed
-from .progress import Hooks, StepInfo
-from .recipe import Recipe, RecipeError
-from .run_folder import commit
 
 # What fine-tuning a small folder of photos (2-20 classes, tens to hundreds of images each) takes by default:
 # the recipe of `python -m train --recipe finetune_folder` (which adds the bundled model as init).
@@ -63,7 +63,7 @@ FINETUNE_RECIPE: dict[str, Any] = dict(
     cpu_precision="bf16",
     channels_last=True,
 )
-STRATEGIES = ("auto", "full", "lp-ft", "probe")  # vit_core.training.lpft.Strategy's names, and "auto" to choose
+STRATEGIES = ("auto", "full", "lp-ft", "probe")  # vit_core.finetune.lpft.Strategy's names, and "auto" to choose
 PROBE_NAME = "linear_probe"  # LP-FT's first stage in the run folder: the model with the probe's head
 HELD_OUT_SPLIT = "held-out"  # eval_held-out_flip.json: the held-out images evaluated as predict() answers
 CARD_NAME = "README.md"
@@ -102,7 +102,7 @@ class FinetuneResult:
     steps: int
     train_seconds: float  # from the call to the end of the training: loading, the probe's features included
     history: list[dict[str, Any]]
-    strategy: str  # "full", "lp-ft" or "probe" (vit_core.training.lpft.Strategy)
+    strategy: str  # "full", "lp-ft" or "probe" (vit_core.finetune.lpft.Strategy)
     strategy_reason: str  # why, one sentence
     details: dict[str, Any]  # for a result page (held_out.held_out_details, ece, threshold); {} if cancelled
 
@@ -165,7 +165,7 @@ def finetune_folder(
     (None: ``epochs`` of ``overrides``, 100 by default), writing the run folder ``out``; see the module's docstring.
 
     ``strategy``: "auto" measures the model's speed here and picks "full", "lp-ft" or "probe" for the budget
-    (``vit_core.training.lpft.choose_strategy``; "full" without a budget); the others force one (LP-FT then fine-tunes
+    (``vit_core.finetune.lpft.choose_strategy``; "full" without a budget); the others force one (LP-FT then fine-tunes
     every block). ``image_size``: the input size to fine-tune at (None: the checkpoint's); a larger one keeps
     the patch size, so the sequence grows and the position embeddings are interpolated (paper section 3.2).
     ``val_fraction``: the share of each class held out for the validation accuracy and the calibration.
