@@ -310,8 +310,8 @@ def test_a_bad_zip_is_a_line_in_the_progress_and_nothing_else_changes(ctx, tmp_p
     (tmp_path / "notazip.zip").write_text("just text")
     cases = {
         one: "at least 2 class folders",
-        text: "at least 2 class folders",
-        empty: "at least 2 class folders",
+        text: "The zip holds 1 file but no photos",  # not "found 0", as for an empty zip
+        empty: "The zip is empty",
         tmp_path / "notazip.zip": "at least 2 class folders",
         None: "Upload a zip of photos",
     }

@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from vit_core.data import load_image, read_header
 from vit_core.data.images import ImageDataError
 
-from .archives import read_zip
+from .archives import read_zip, zip_directory
 
 MB = 2**20
 MAX_SIDE = 320  # images are stored reduced to this long side: enough for inputs up to 224 (and 2x a 64-px model)
@@ -138,7 +138,8 @@ def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
         folder.mkdir(exist_ok=True)
         (folder / f"{counts[name]:05d}{RAW}").write_bytes(data)
         counts[name] += 1
-    return _checked(TrainSet(dest, dict(sorted(counts.items())), skipped), limits.min_per_class)
+    declared = zip_directory(path)  # its entries, for a refusal that says what the zip held
+    return _checked(TrainSet(dest, dict(sorted(counts.items())), skipped), limits.min_per_class, declared)
 
 
 def decode_folder(
@@ -169,7 +170,17 @@ def decode_folder(
     return _checked(TrainSet(folder, dict(sorted(counts.items())), skipped), min_per_class)
 
 
-def _checked(found: TrainSet, min_per_class: int) -> TrainSet:
+def _checked(found: TrainSet, min_per_class: int, declared: tuple[int, int] | None = None) -> TrainSet:
+    """``found`` if it makes a training set, else ``ValueError`` in words that say what the zip held: nothing, no
+    photos among its files, or too few classes or images (``declared``: the zip's entries and directory size)."""
+    entries = declared[0] if declared is not None else None
+    if not found.counts and entries == 0:
+        raise ValueError("The zip is empty: put one folder of photos per class in it (ants/1.jpg, bees/7.jpg, …).")
+    if not found.counts and entries and not found.skipped:
+        raise ValueError(
+            f"The zip holds {entries:,} {'file' if entries == 1 else 'files'} but no photos (JPEG, PNG, WebP, …): "
+            "every one was skipped. Put one folder of photos per class in it."
+        )
     if len(found.counts) < 2:
         hint = f" ({found.skipped[0]})" if found.skipped else ""
         raise ValueError(
