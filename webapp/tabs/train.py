@@ -230,7 +230,8 @@ def build(ctx: Context, page: Page) -> Tab:
     gr.Markdown(
         "Fine-tune the model in use (the picker above) on your own photos: a **zip with one folder per class** "
         f"(`ants/1.jpg`, `bees/7.jpg`, …). Limits: {limits.text()}. A fifth of each class is held out to "
-        f"measure and calibrate the new model, which the picker then switches to. {keep}"
+        "measure and calibrate the new model, which the picker then switches to. The training time covers reading "
+        f"your photos and training; calibrating on the held-out photos follows it. {keep}"
     )
     with gr.Row():
         photos = PathFile(  # no empty copy left in Gradio's cache per job
