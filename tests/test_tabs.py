@@ -86,6 +86,19 @@ DUMMY = types.ModuleType("dummy_tab")
 DUMMY.TITLE, DUMMY.build, DUMMY.estimate, DUMMY.need = "Dummy", build, estimate, 1 << 20
 
 
+def test_every_component_of_the_page_is_one_gradio_draws(ctx):
+    """Our component classes (``webapp.ui.inputs``) are templates of Gradio's: the page's config names each by
+    a type Gradio's frontend draws. A template of a template is drawn as nothing: the Batch tab's upload vanished
+    from the page when it derived from the Train tab's ``PathFile`` instead of ``gr.File``."""
+    built_in = {  # Block.get_block_name: a template is drawn by its direct base's name
+        cls.__name__.lower()
+        for cls in vars(gr.components).values()
+        if isinstance(cls, type) and issubclass(cls, gr.blocks.Block) and cls.__module__.startswith("gradio.")
+    }
+    types = {c["type"] for c in app.build_ui(ctx).get_config_file()["components"]}
+    assert types <= built_in | {"form", "tabitem", "tabs", "row", "column", "group", "accordion"}, types - built_in
+
+
 def test_a_tab_added_as_one_module_and_one_entry_is_built_gated_with_its_estimate_and_served(ctx, monkeypatch):
     monkeypatch.setattr(app, "TABS", (*app.TABS, DUMMY))
     ctx = Context(ctx.models, gate=Gate(max_memory=rss() + (2 << 30)))

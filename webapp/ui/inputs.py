@@ -65,24 +65,34 @@ class ImageUpload(gr.Image):
 _KINDS = {"image": "an image", ".zip": "a zip archive"}  # a file type as a refusal names it
 
 
+def _path_of(component: gr.File, f: FileData) -> NamedString:
+    """An uploaded file passed on as its path, its type checked: Gradio's own ``gr.File`` also leaves an empty
+    ``tmp*`` file in its cache for each file of each request, never removed (200 files listed in one request
+    left 200; the Train tab's zip one per job)."""
+    if component.file_types and not client_utils.is_valid_file(f.path, component.file_types):
+        kinds = " or ".join(_KINDS.get(kind, f"a {kind} file") for kind in component.file_types)
+        raise gr.Error(f"{Path(f.path).name}: not {kinds}.", print_exception=False)
+    return NamedString(f.path)
+
+
 class PathFile(gr.File):
-    """``gr.File`` that passes each uploaded file on as its path: Gradio's own also leaves an empty ``tmp*`` file
-    in its cache for each file of each request, never removed (200 files listed in one request left 200; the
-    Train tab's zip one per job)."""
+    """``gr.File`` that passes the uploaded file on as its path (``_path_of``). A template of ``gr.File`` itself:
+    Gradio draws a template with its direct base's frontend, so each of these derives from ``gr.File``."""
 
     is_template = True
 
     def _process_single_file(self, f: FileData) -> NamedString:
-        if self.file_types and not client_utils.is_valid_file(f.path, self.file_types):
-            kinds = " or ".join(_KINDS.get(kind, f"a {kind} file") for kind in self.file_types)
-            raise gr.Error(f"{Path(f.path).name}: not {kinds}.", print_exception=False)
-        return NamedString(f.path)
+        return _path_of(self, f)
 
 
-class Uploads(PathFile):
-    """``PathFile`` for many files, with two of the example photos as the API page's sample input."""
+class Uploads(gr.File):
+    """``gr.File`` for many files passed on as their paths (``_path_of``), with two of the example photos as the
+    API page's sample input."""
 
     is_template = True
+
+    def _process_single_file(self, f: FileData) -> NamedString:
+        return _path_of(self, f)
 
     def example_payload(self) -> list[dict]:
         return [_file(p) for p in EXAMPLES[:2]]
