@@ -64,7 +64,7 @@ def test_outlier_photos_are_every_photo_of_the_folder_labelled_none_of_the_class
 @pytest.mark.parametrize(
     "bad, match",
     [
-        ({"outliers": {"folder": "x", "copies": 1}}, "exactly the keys"),
+        ({"outliers": {"folder": "x", "copies": 1}}, "needs the keys"),
         ({"outliers": {"folder": "x", "copies": 0, "weight": 0.5}}, "copies must be"),
         ({"outliers": {"folder": "x", "copies": 1, "weight": 0}}, "weight must be"),
         ({"outliers": {"folder": "x", "copies": 1, "weight": True}}, "weight must be"),
