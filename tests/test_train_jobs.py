@@ -16,11 +16,9 @@ import httpx
 import pytest
 from PIL import Image
 
-import app
-from tests.test_train_tab import make_zip, two_classes
+from tests.test_train_tab import ctx, make_zip, public_ctx, two_classes  # noqa: F401 (fixtures)
 from webapp import tempfiles, training
 from webapp.access import ModelError
-from webapp.options import Options
 from webapp.sessions import Sessions
 from webapp.tabs import train
 from webapp.trained import NOT_YOURS, Caller, caller, calling
@@ -33,18 +31,6 @@ def _png(side: int) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (side, side), (10, 200, 30)).save(buf, "PNG")
     return buf.getvalue()
-
-
-@pytest.fixture(scope="module")
-def ctx(tmp_path_factory):
-    ctx = app.setup("bundled")
-    ctx.trainer = Trainer(ctx.models, tmp_path_factory.mktemp("runs"), ttl=None)
-    return ctx
-
-
-@pytest.fixture(scope="module")
-def public_ctx():
-    return app.setup("bundled", options=Options(public=True, allow_any=False))
 
 
 def _left_in(trainer: Trainer) -> list[str]:
@@ -79,7 +65,7 @@ def test_decoding_stops_at_the_stop_flag_and_the_deadline(tmp_path):
         decode_folder(tmp_path / "d", lambda: False, deadline=100.0, clock=lambda: 101.0)
 
 
-def test_cancel_stops_a_job_while_it_decodes(ctx, tmp_path):
+def test_cancel_stops_a_job_while_it_decodes(ctx, tmp_path):  # noqa: F811
     """80 one-colour 3,000 x 3,000 PNGs take the training process ~12 s to decode here: Cancel, sent as soon as it
     reads them, ends the job within seconds with a sentence, and frees the slot and the job's folder."""
     png = _png(3000)
@@ -98,7 +84,7 @@ def test_cancel_stops_a_job_while_it_decodes(ctx, tmp_path):
     ctx.trainer.finish(ctx.trainer.start("next", 1))  # the slot is free
 
 
-def test_the_smallest_training_set_trains(ctx, tmp_path):
+def test_the_smallest_training_set_trains(ctx, tmp_path):  # noqa: F811
     """2 classes of 2 photos: one a class to train on and one held out (the Mahalanobis fit on one image a class
     raised ``linalg.inv``'s error in the training process)."""
     request = types.SimpleNamespace(session_hash="tiny")
@@ -110,7 +96,7 @@ def test_the_smallest_training_set_trains(ctx, tmp_path):
 # ------------------------------------------------------------------------------------ disk
 
 
-def test_every_folder_of_a_job_goes_when_it_ends_however_it_ends(public_ctx, tmp_path):
+def test_every_folder_of_a_job_goes_when_it_ends_however_it_ends(public_ctx, tmp_path):  # noqa: F811
     trainer = Trainer(public_ctx.models, None, ttl=3600)
     failed = trainer.start("a", 1)
     for name in ("data/c/00000.img", "job.json", "log.txt", "stop", f"{failed.out.name}/checkpoint.pt"):
@@ -156,7 +142,7 @@ def test_a_server_removes_the_training_folders_of_dead_processes_at_start(tmp_pa
     assert not unlocked.exists()
 
 
-def test_what_training_holds_is_capped_per_address_and_in_all(public_ctx, monkeypatch):
+def test_what_training_holds_is_capped_per_address_and_in_all(public_ctx, monkeypatch):  # noqa: F811
     models = public_ctx.models
     trainer = Trainer(models, None, ttl=3600)
     with calling(Caller("s1", "10.0.0.1")):
@@ -184,7 +170,7 @@ def test_what_training_holds_is_capped_per_address_and_in_all(public_ctx, monkey
 # ------------------------------------------------------------------------------------ whose
 
 
-def test_a_trained_model_and_its_job_are_their_callers(public_ctx):
+def test_a_trained_model_and_its_job_are_their_callers(public_ctx):  # noqa: F811
     """On a public server another session, or the same session hash sent from another address (a REST body may
     name any), is refused the model in a sentence and cannot cancel the job."""
     models = public_ctx.models
@@ -235,7 +221,7 @@ def test_the_caller_reaches_the_handlers_from_gradios_request():
 # ------------------------------------------------------------------------------------ try again in N min
 
 
-def test_try_again_counts_the_calibration_this_server_measured(public_ctx):
+def test_try_again_counts_the_calibration_this_server_measured(public_ctx):  # noqa: F811
     clock = [1000.0]
     trainer = Trainer(public_ctx.models, None, ttl=None, clock=lambda: clock[0])
     first = trainer.start("a", 1)
