@@ -180,14 +180,16 @@ def report(points: dict[str, dict]) -> str:
         "# Fine-tuning a folder of photos (`python -m bench.finetune`)\n",
         "Fit on `train` (20% of each class held out for calibration), accuracy on `val` as `predict` answers "
         f"(image and mirror, calibrated). Input {IMAGE_SIZE} px. Minutes: training wall clock / whole call.\n",
-        "| set | start | images/class | val top-1 | target | ECE | held-out top-1 | minutes | steps | threads |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| point | set | start | strategy | images/class | val top-1 | target | ECE | held-out top-1 | minutes | steps "
+        "| threads |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for p in points.values():
+    for name, p in points.items():
         target = TARGETS.get(p["set"], (None, None))[1] if p["per_class"] is None and p["init"] == "bundled" else None
         mark = "" if target is None else f"{target:.0f}% {'met' if p['val_top1'] >= target else 'missed'}"
         lines.append(
-            f"| {p['set']} | {p['init']} | {p['per_class'] or 'all'} | {p['val_top1']:.1f}% | {mark} | "
+            f"| {name} | {p['set']} | {p['init']} | {p.get('strategy', 'full')} | {p['per_class'] or 'all'} | "
+            f"{p['val_top1']:.1f}% | {mark} | "
             f"{p['val_ece']:.3f} | {p['held_out_top1']:.1f}% | {p['train_minutes']:.2f} / {p['total_minutes']:.2f} | "
             f"{p['steps']} | {p['threads'] or '-'} |"
         )

@@ -25,7 +25,8 @@ probabilities are their calibrated mean, a score is computed from all the views'
 1. ECE (15 bins) on the test images, single view and the model's views, with the plain softmax and with the stored
    temperature (fitted by ``train calibrate`` on held-out training images, never on these; the bundled model
    stores T = 0.550). A model that stores none shows the temperature fitted on its held-out images anyway.
-2. Per protocol and score (every entry of ``vit_core.calibration.ood.SCORES``: msp, energy, knn, mahalanobis, vim):
+2. Per protocol and score (every entry of ``vit_core.calibration.ood.SCORES``: msp, energy, knn, mahalanobis,
+   relative_mahalanobis, vim):
    AUROC (outside scoring higher) and FPR at 95% TPR (the share of outside images taken for inside when 95% of
    inside images are kept).
    ``msp`` is the reference: the confidence the app showed before.

@@ -121,7 +121,10 @@ def test_ood_scores_are_their_brute_force_definitions():
     means = np.stack([f[y == c].mean(0) for c in range(C)])
     cov = sum(np.outer(f[i] - means[y[i]], f[i] - means[y[i]]) for i in range(N)) / N
     prec = np.linalg.inv(cov)
-    stats = {s: fit_statistics(s, train_f, train_y, C) for s in ("knn", "mahalanobis")}
+    # relative mahalanobis: minus the distance under one Gaussian of all the training features (Ren et al. 2021)
+    mean0 = f.mean(0)
+    prec0 = np.linalg.inv(sum(np.outer(x - mean0, x - mean0) for x in f) / N)
+    stats = {s: fit_statistics(s, train_f, train_y, C) for s in ("knn", "mahalanobis", "relative_mahalanobis")}
     np.testing.assert_allclose(stats["mahalanobis"]["means"].numpy(), means, rtol=1e-6)
     np.testing.assert_allclose(stats["mahalanobis"]["precision"].numpy(), prec, rtol=1e-4, atol=1e-5)
 
@@ -131,6 +134,10 @@ def test_ood_scores_are_their_brute_force_definitions():
     def mahalanobis(v, b):
         q = views_f[v][b].double().numpy()
         return min((q - m) @ prec @ (q - m) for m in means)
+
+    def relative(v, b):
+        q = views_f[v][b].double().numpy()
+        return min((q - m) @ prec @ (q - m) for m in means) - (q - mean0) @ prec0 @ (q - mean0)
 
     unit = f / np.linalg.norm(f, axis=1, keepdims=True)
 
@@ -144,6 +151,7 @@ def test_ood_scores_are_their_brute_force_definitions():
         "energy": energy,
         "knn": per_view(knn),
         "mahalanobis": per_view(mahalanobis),
+        "relative_mahalanobis": per_view(relative),
     }
     for score, want in expected.items():
         got = ood_scores(score, probs=probs, logits=views_z, features=views_f, statistics=stats.get(score, {}))
@@ -229,7 +237,7 @@ def _calibrated(model: vit_core.VisionTransformer, score: str = "mahalanobis") -
     return Calibration(0.75, "flip", "flip views of 40 random images", detector)
 
 
-@pytest.mark.parametrize("score", ["mahalanobis", "knn", "energy", "vim"])
+@pytest.mark.parametrize("score", ["mahalanobis", "relative_mahalanobis", "knn", "energy", "vim"])
 def test_calibration_survives_save_and_load_and_timm_still_loads(tmp_path, score):
     model = _model()
     model.calibration = _calibrated(model, score)

@@ -12,6 +12,10 @@ the training data**. With test-time views (the image and its mirror) a score is 
   neighbors", eq. 3); k = 10 for a bank of 10,000 images (their k = 50 for 50,000, the same fraction).
 - ``mahalanobis``: min_c (f - mu_c)^T S^-1 (f - mu_c), the squared Mahalanobis distance to the closest class
   mean under one covariance S shared by the classes (Lee et al. 2018, eq. 2), on pre-logit features.
+- ``relative_mahalanobis``: min_c [MD_c(f) - MD_0(f)], the Mahalanobis distance to the closest class minus the
+  distance MD_0 under one Gaussian fitted to all the training features, their "background" (Ren et al. 2021, "A
+  Simple Fix to Mahalanobis Distance for Improving Near-OOD Detection", section 3): what makes an image far from
+  every class but is common to all images (its texture, its framing as a photo) cancels.
 - ``vim``: Virtual-logit Matching (Wang et al. 2022, eqs. 4-7): the part of f - o outside the principal subspace
   of the training features (o = -W^+ b, the origin the head's logits W f + b measure from; the subspace of the
   k = D/2 largest eigenvalues of their uncentred covariance about o), its norm scaled by alpha = mean max logit
@@ -109,16 +113,40 @@ def _ridge(cov: torch.Tensor, features: torch.Tensor) -> float:
     return overall if overall > 0 else 1.0
 
 
+def _distances(f: torch.Tensor, means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
+    """(B, C): the squared Mahalanobis distance (f - mu_c)^T P (f - mu_c) of each feature (B, D) to each of the
+    means (C, D) under the precision P (D, D), in float64."""
+    d = f.double()[:, None, :] - means.to(f.device, torch.float64)  # (B, C, D)
+    return torch.einsum("bcd,de,bce->bc", d, precision.to(f.device, torch.float64), d)
+
+
 def _mahalanobis(
     probs: torch.Tensor, logits: Views, features: Views, statistics: Mapping[str, torch.Tensor]
 ) -> torch.Tensor:
-    means = statistics["means"].to(features[0].device, torch.float64)
-    precision = statistics["precision"].to(features[0].device, torch.float64)
-    distances = []
-    for f in features:
-        d = f.double()[:, None, :] - means  # (B, C, D)
-        distances.append(torch.einsum("bcd,de,bce->bc", d, precision, d).min(-1).values)
-    return torch.stack(distances).mean(0)
+    means, precision = statistics["means"], statistics["precision"]
+    return torch.stack([_distances(f, means, precision).min(-1).values for f in features]).mean(0)
+
+
+def _fit_relative_mahalanobis(
+    features: torch.Tensor, labels: torch.Tensor, num_classes: int, head: Head | None
+) -> dict[str, torch.Tensor]:
+    """Mahalanobis's class means and shared precision, and the background: the mean of all the features and the
+    inverse of their covariance about it (plus ``_ridge``), in float64 and stored in float32."""
+    f = features.double()
+    mean = f.mean(0)
+    cov = (f - mean).T @ (f - mean) / len(f)
+    cov += _ridge(cov, f) * torch.eye(len(cov), dtype=cov.dtype)
+    background = {"background_mean": mean.float(), "background_precision": torch.linalg.inv(cov).float().contiguous()}
+    return _fit_mahalanobis(features, labels, num_classes, head) | background
+
+
+def _relative_mahalanobis(
+    probs: torch.Tensor, logits: Views, features: Views, statistics: Mapping[str, torch.Tensor]
+) -> torch.Tensor:
+    means, precision = statistics["means"], statistics["precision"]
+    mean0, precision0 = statistics["background_mean"][None], statistics["background_precision"]
+    relative = [_distances(f, means, precision) - _distances(f, mean0, precision0) for f in features]  # (B, C) each
+    return torch.stack([r.min(-1).values for r in relative]).mean(0)
 
 
 def _fit_vim(
@@ -158,6 +186,16 @@ SCORES: dict[str, Score] = {
     "knn": Score(_knn, _fit_knn, {"bank": ("images", FEATURES)}),
     "mahalanobis": Score(
         _mahalanobis, _fit_mahalanobis, {"means": (CLASSES, FEATURES), "precision": (FEATURES, FEATURES)}
+    ),
+    "relative_mahalanobis": Score(
+        _relative_mahalanobis,
+        _fit_relative_mahalanobis,
+        {
+            "means": (CLASSES, FEATURES),
+            "precision": (FEATURES, FEATURES),
+            "background_mean": (FEATURES,),
+            "background_precision": (FEATURES, FEATURES),
+        },
     ),
     "vim": Score(_vim, _fit_vim, {"origin": (FEATURES,), "residual": (FEATURES, RESIDUAL), "alpha": (ONE,)}),
 }
