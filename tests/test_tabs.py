@@ -225,6 +225,34 @@ def test_one_classify_request_reads_its_upload_once_and_passes_through_at_most_1
     assert len(modules) <= 10, "\n".join(sorted(modules))
 
 
+def test_classify_runs_each_of_its_steps_through_the_step_it_is_given(ctx, tmp_path):
+    """``bench.app_budget`` times ``classify.answer`` itself through its ``step``: a new photo's answer runs
+    reading the upload (its digest, then its header), decoding, preprocessing, the model's views, the map and the
+    overlay through it, in that order, and answers with what they return; an image analysed before runs only its
+    digest, the map and the overlay."""
+    photo = tmp_path / "stepped_cat.png"
+    cat = Image.open(ROOT / "examples" / "cat_chelsea.jpg").convert("RGB")
+    cat.putpixel((0, 0), (1, 2, 3))
+    cat.save(photo)  # bytes no other test sends: not in the analysis cache
+    seen = []
+
+    def step(name, work):
+        seen.append((name, work()))
+        return seen[-1][1]
+
+    request = {"image": Upload(str(photo)), "model_choice": ctx.models.default}
+    labels, overlay, _, _, _, _, covered = classify.answer(ctx, Request(request), step)
+    names = [name for name, _ in seen]
+    assert names == ["read", "read", "decode", "preprocess", "model views", "map", "overlay"], names
+    assert covered == classify.NEW and seen[-1][1] is overlay
+    assert seen[1][1] == (451, 300) and seen[2][1].size == (451, 300)  # the header's size, the decoded image
+    seen.clear()
+    again = classify.answer(ctx, Request(request))  # no step given: run as they are
+    assert seen == [] and again[0] == labels and again[6] != classify.NEW
+    classify.answer(ctx, Request(request), step)
+    assert [name for name, _ in seen] == ["read", "map", "overlay"]
+
+
 # ------------------------------------------------------------------------------------ the page's events
 
 

@@ -19,7 +19,7 @@ from PIL import Image
 from vit_core import VisionTransformer
 
 from .. import estimates, model_info, render
-from ..analysis import Analysis, Upload, declared, explained_class, map_key, relevance
+from ..analysis import Analysis, Step, Upload, declared, explained_class, map_key, relevance, untimed
 from ..errors import user_errors
 from ..settings import MapSettings, Settings, head_name, layer_name
 from ..ui import fresh
@@ -80,32 +80,39 @@ classify = user_errors(api(_classify, ("image", "model_choice", *MapSettings.nam
 NEW, MAP_ONLY, CACHED = "new", "map only", "cached"  # what a compute time covered (``answer``)
 
 
-def answer(ctx: Context, request: Request) -> tuple[dict[str, float], Image.Image, float, str, str, dict, str]:
+def answer(
+    ctx: Context, request: Request, step: Step = untimed
+) -> tuple[dict[str, float], Image.Image, float, str, str, dict, str]:
     """``classify``'s answer to ``request`` (its image, model and settings), and what the compute time
     covered: ``NEW`` (the image decoded and run through the model, then the map), ``MAP_ONLY`` (the image's
     forward pass was cached, the map was drawn) or ``CACHED`` (the forward pass and the map were both computed
-    by an earlier request)."""
+    by an earlier request). Its steps (``analysis.analyse``'s, the map, the overlay) run through ``step``."""
     t0 = time.perf_counter()
-    a = ctx.analysis(request["image"], request["model_choice"])
+    a = ctx.analysis(request["image"], request["model_choice"], step)
     settings = request.settings
     s, k = settings.checked(a.model, ctx.default_method), settings.top(a.model)
     map_cached = s.method.from_attentions is None and map_key(a, s) in a.maps
-    heat = relevance(a, s, ctx.device, request.report)
+    heat = step("map", lambda: relevance(a, s, ctx.device, request.report))
     compute_ms = (time.perf_counter() - t0) * 1000
     covered = NEW if a.created >= t0 else CACHED if map_cached else MAP_ONLY
     top = a.probs.topk(k)
     labels = {a.names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
-    overlay = render.map_on_image(a.shown, a.box, heat, s.opacity, s.method.title.lower())
+    overlay = step("overlay", lambda: picture(a, heat, s))
     verdict = model_info.analysis_decision(a).markdown()
     return (
         labels,
-        render.unique(overlay, s.method.title),
+        overlay,
         round(compute_ms, 2),
         verdict,
         explains(a, s),
         ood_check(a),
         covered,
     )
+
+
+def picture(a: Analysis, heat: torch.Tensor, s: Settings) -> Image.Image:
+    """The map over the image, with its colour bar, made a file of its own in Gradio's cache (``render.unique``)."""
+    return render.unique(render.map_on_image(a.shown, a.box, heat, s.opacity, s.method.title.lower()), s.method.title)
 
 
 def compute_note(ms: float, covered: str) -> str:
@@ -203,6 +210,12 @@ class _Fitted:
         return [*self.controls.fit(model, device), gr.Dataset(visible=examples_fit(model))]
 
 
+def overlay_output() -> gr.Image:
+    """The map's picture, on the page and in the API's answer: Gradio encodes each overlay as
+    ``render.OVERLAY_FORMAT`` into its cache (``bench.app_budget`` times that with this component)."""
+    return figure("Where the model looked", "overlay", height=360, format=render.OVERLAY_FORMAT)
+
+
 def build(ctx: Context, page: Page) -> Tab:
     """The tab's two columns: the page's image and settings (``Controls``), which it lays out; the results."""
     picker, c = page.picker, page.controls
@@ -220,7 +233,7 @@ def build(ctx: Context, page: Page) -> Tab:
         with gr.Column(elem_id="results"):
             verdict = gr.Markdown(label="Prediction in words", elem_classes="verdict", elem_id="verdict")
             explained = gr.Markdown(label="Class the map explains", elem_id="explains")
-            overlay = figure("Where the model looked", "overlay", height=360, format=render.OVERLAY_FORMAT)
+            overlay = overlay_output()
             gr.Markdown(
                 "The coloured region is what the model saw, resized to its input size (a centre crop, "
                 "or the whole image when the model squashes); the rest was not used. The colour bar gives "
