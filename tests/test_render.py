@@ -34,3 +34,40 @@ def test_a_flat_map_is_drawn_in_one_colour_and_its_bar_says_so():
     assert _colours(shown, (0, 0, 256, 256)) > 50 and _colours(shown, (0, 258, 256, 262)) > 50
     # just above the tolerance: the digits it takes to tell the ends apart (render.range_labels)
     assert render.bar_labels(torch.tensor([[0.9997, 1.0]])) == ("0.9997", "1.0000")
+
+
+def test_the_colour_bar_is_matplotlibs_ramp_and_each_map_labels_its_own():
+    """The bar's ramp is matplotlib's colormap across the bar's width, to the 8-bit rounding, for every map drawn
+    (whatever is kept between maps); the labels are each map's own."""
+    from matplotlib import colormaps
+
+    photo = Image.new("RGB", (300, 200), (120, 120, 120))
+    first = np.asarray(render.with_colorbar(photo, torch.linspace(0, 1, 64).reshape(8, 8), "attnlrp"))
+    second = np.asarray(render.with_colorbar(photo, torch.linspace(3, 7, 64).reshape(8, 8), "raw attention"))
+    expected = np.round(colormaps[render.COLORMAP](np.linspace(0.0, 1.0, 300))[:, :3] * 255)
+    for shown in (first, second):
+        assert np.array_equal(shown[:200], np.asarray(photo))  # the picture above, untouched
+        ramp = [y for y in range(200, shown.shape[0]) if np.array_equal(shown[y], expected)]
+        assert len(ramp) >= 6 and ramp == list(range(ramp[0], ramp[0] + len(ramp)))  # a band of that ramp
+    labels = slice(max(ramp) + 1, None)
+    assert not np.array_equal(first[labels], second[labels])  # "0.00 ... 1.00" against "3.00 ... 7.00"
+
+
+def test_a_map_on_the_image_is_the_overlay_over_the_region_seen_outlined_above_its_colour_bar():
+    """``map_on_image`` draws on one new picture what the steps draw one after the other: the image, the map's
+    overlay over the region the model saw, its outline (which reaches below a region as tall as the image: the
+    bar covers that), then the colour bar; ``shown``, shared between requests, is left as it was."""
+    from vit_core import figures
+
+    rng = np.random.default_rng(0)
+    shown = Image.fromarray(rng.integers(0, 256, (300, 451, 3), dtype=np.uint8))
+    before = np.asarray(shown).copy()
+    heat = torch.from_numpy(rng.random((14, 14), dtype=np.float32))
+    for box in [(75, 0, 375, 300), (0, 0, 451, 300), (10, 20, 200, 150)]:
+        expected = shown.copy()
+        expected.paste(figures.overlay(shown.crop(box), heat, 0.5, render.COLORMAP), box[:2])
+        if box != (0, 0, 451, 300):
+            render.outline(expected, box, width=2)
+        expected = render.with_colorbar(expected, heat, "attnlrp")
+        assert np.array_equal(np.asarray(render.map_on_image(shown, box, heat, 0.5, "attnlrp")), np.asarray(expected))
+    assert np.array_equal(np.asarray(shown), before)
