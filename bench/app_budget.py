@@ -30,10 +30,11 @@ from PIL import Image
 
 import app
 from vit_core.calibration import calibrated_views
-from webapp import analysis, render
+from webapp import analysis
 from webapp.catalog import ROOT
 from webapp.tabs import classify
 from webapp.ui.context import Context
+from webapp.ui.controls import JPEG_QUALITY
 from webapp.ui.endpoints import Request
 
 PHOTO = ROOT / "examples" / "cat_chelsea.jpg"
@@ -106,7 +107,7 @@ def table(steps: dict[str, float], end_to_end: float | None = None) -> str:
         ("default map", steps["map"]),
         ("overlay and colour bar", steps["overlay"]),
         ("the rest of the answer (top classes, verdict, OOD check)", steps["rest"]),
-        (f"encode the overlay ({render.OVERLAY_FORMAT.upper()}, the component's postprocess)", steps["encode"]),
+        (f"encode the overlay (JPEG quality {JPEG_QUALITY}, 4:4:4; the component's postprocess)", steps["encode"]),
     ]
     total = steps["answer"] + steps["encode"]
     non_model = sum(steps[name] for name in NON_MODEL)

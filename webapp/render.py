@@ -22,9 +22,6 @@ Box = tuple[int, int, int, int]  # (left, top, right, bottom) in pixels
 OUTLINE = (255, 255, 255)
 SHADOW = (0, 0, 0)
 IMAGE_DESCRIPTION = 0x010E  # EXIF tag
-# Classify's overlay is sent as JPEG: about 1 ms to encode a 451x300 photo with its map, against 20 ms as WebP
-# (Gradio's default), the largest step outside the model (``bench.app_budget``)
-OVERLAY_FORMAT = "jpeg"
 MIN_SIDE = 256  # smaller images are shown enlarged: a map over an 8-pixel image is not an 8-pixel speck
 # A map whose range is below this share of its largest magnitude is flat: stretched to the full colour range,
 # its colours would show float rounding (Chefer et al.'s map once spanned 0.99990 to 1 and was drawn as a map)

@@ -24,7 +24,7 @@ from ..errors import user_errors
 from ..settings import MapSettings, Settings, head_name, layer_name
 from ..ui import fresh
 from ..ui.context import EXAMPLES, Context
-from ..ui.controls import Controls, figure
+from ..ui.controls import Controls, JpegFigure, figure
 from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api
 
 TITLE = "Classify"
@@ -210,10 +210,10 @@ class _Fitted:
         return [*self.controls.fit(model, device), gr.Dataset(visible=examples_fit(model))]
 
 
-def overlay_output() -> gr.Image:
-    """The map's picture, on the page and in the API's answer: Gradio encodes each overlay as
-    ``render.OVERLAY_FORMAT`` into its cache (``bench.app_budget`` times that with this component)."""
-    return figure("Where the model looked", "overlay", height=360, format=render.OVERLAY_FORMAT)
+def overlay_output() -> JpegFigure:
+    """The map's picture, on the page and in the API's answer: each overlay is sent as a JPEG (``JpegFigure``),
+    encoded into Gradio's cache (``bench.app_budget`` times that with this component)."""
+    return figure("Where the model looked", "overlay", JpegFigure, height=360)
 
 
 def build(ctx: Context, page: Page) -> Tab:
