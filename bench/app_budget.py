@@ -34,8 +34,8 @@ from webapp import analysis
 from webapp.catalog import ROOT
 from webapp.tabs import classify
 from webapp.ui.context import Context
-from webapp.ui.controls import JPEG_QUALITY
 from webapp.ui.endpoints import Request
+from webapp.ui.inputs import JPEG_QUALITY
 
 PHOTO = ROOT / "examples" / "cat_chelsea.jpg"
 TARGET_MS = 15.0  # issue #53's bound on the steps outside the model, on the CPU, for this photo
@@ -107,7 +107,10 @@ def table(steps: dict[str, float], end_to_end: float | None = None) -> str:
         ("default map", steps["map"]),
         ("overlay and colour bar", steps["overlay"]),
         ("the rest of the answer (top classes, verdict, OOD check)", steps["rest"]),
-        (f"encode the overlay (JPEG quality {JPEG_QUALITY}, 4:4:4; the component's postprocess)", steps["encode"]),
+        (
+            f"encode the overlay (JPEG quality {JPEG_QUALITY}, 4:4:4; the component's postprocess)",
+            steps["encode"],
+        ),
     ]
     total = steps["answer"] + steps["encode"]
     non_model = sum(steps[name] for name in NON_MODEL)

@@ -24,8 +24,9 @@ from ..errors import user_errors
 from ..settings import MapSettings, Settings, head_name, layer_name
 from ..ui import fresh
 from ..ui.context import EXAMPLES, Context
-from ..ui.controls import Controls, JpegFigure, figure
+from ..ui.controls import Controls, figure
 from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api
+from ..ui.inputs import JpegFigure
 
 TITLE = "Classify"
 

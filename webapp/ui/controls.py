@@ -6,16 +6,10 @@ so that a request reads them into one ``MapSettings`` (``named``)."""
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
-from pathlib import Path
 
 import gradio as gr
-import numpy as np
 import torch
-from gradio import processing_utils
-from gradio.data_classes import ImageData
-from PIL import Image
 
 from vit_core import VisionTransformer, methods
 
@@ -23,7 +17,6 @@ from ..settings import PREDICTED, MapSettings, legend, lrp_based, lrp_notice
 from .inputs import CheckedDropdown, CheckedRadio, ImageUpload
 
 MAX_TOP_K = 10
-JPEG_QUALITY = 95  # ``JpegFigure``'s
 LAYER = "Layer (raw attention)"
 
 
@@ -166,25 +159,6 @@ def tiles(label: str, elem_id: str) -> gr.Gallery:
         elem_id=elem_id,
         elem_classes=["tiles", "phone-2-columns"],
     )
-
-
-class JpegFigure(gr.Image):
-    """``gr.Image`` that sends a drawn picture as a JPEG of quality ``JPEG_QUALITY`` with its colours at full
-    resolution (4:4:4), its EXIF kept (``render.unique``). Gradio's WebP, its default, takes 15-20 ms for a 451x300
-    map with its colour bar; its JPEG (Pillow's defaults: quality 75, colours at half resolution) takes 0.5 ms but,
-    like the WebP, puts pixels at the map's sharp colour edges and the bar's labels up to 95 levels off (2.8 on
-    average). This takes about 1.4 ms, within 13 levels (0.8 on average). A template of ``gr.Image``: the page
-    draws it as one."""
-
-    is_template = True
-
-    def postprocess(self, value: Image.Image | np.ndarray | str | Path | None) -> ImageData | None:
-        if not isinstance(value, Image.Image) or value.mode not in ("RGB", "L"):
-            return super().postprocess(value)
-        data = io.BytesIO()
-        value.save(data, "jpeg", quality=JPEG_QUALITY, subsampling=0, exif=value.info.get("exif", b""))
-        path = processing_utils.save_bytes_to_cache(data.getvalue(), "image.jpeg", self.GRADIO_CACHE)
-        return ImageData(path=path, orig_name="image.jpeg")
 
 
 def figure(label: str, elem_id: str, kind: type[gr.Image] = gr.Image, **options: object) -> gr.Image:
