@@ -108,10 +108,9 @@ class AnalysisCache:
         with self._lock:
             self._items[key] = a
             self._items.move_to_end(key)
-            while len(self._items) > self.max_entries or (
-                len(self._items) > 1 and sum(v.nbytes() for v in self._items.values()) > self.max_bytes
-            ):
-                self._items.popitem(last=False)
+            total = sum(v.nbytes() for v in self._items.values())  # once: each drop takes its own bytes off
+            while len(self._items) > self.max_entries or (len(self._items) > 1 and total > self.max_bytes):
+                total -= self._items.popitem(last=False)[1].nbytes()
         return a
 
 

@@ -99,16 +99,8 @@ def answer(
     top = a.probs.topk(k)
     labels = {a.names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
     overlay = step("overlay", lambda: picture(a, heat, s))
-    verdict = model_info.analysis_decision(a).markdown()
-    return (
-        labels,
-        overlay,
-        round(compute_ms, 2),
-        verdict,
-        explains(a, s),
-        ood_check(a),
-        covered,
-    )
+    decision = model_info.analysis_decision(a)
+    return labels, overlay, round(compute_ms, 2), decision.markdown(), explains(a, s), ood_check(a, decision), covered
 
 
 def picture(a: Analysis, heat: torch.Tensor, s: Settings) -> Image.Image:
@@ -126,13 +118,13 @@ def compute_note(ms: float, covered: str) -> str:
     return f"Answered in {took} from the cache (this image and this map were computed before)."
 
 
-def ood_check(a: Analysis) -> dict:
+def ood_check(a: Analysis, decision: model_info.Decision) -> dict:
     """The "none of my classes" check of an analysis, as the batch CSV gives it: the decision, the score and the
     stored threshold it was compared with (all None for a model without a detector: its calibration is
-    unknown, and only the "Not sure" rule applies); and the app's decision (``model_info.decide``: "answer",
-    "none of my classes", "torn" or "not sure") with its reason in words."""
+    unknown, and only the "Not sure" rule applies); and the app's ``decision`` on it
+    (``model_info.analysis_decision``: "answer", "none of my classes", "torn" or "not sure") with its reason in
+    words."""
     detector = a.model.calibration.ood if a.model.calibration is not None else None
-    decision = model_info.analysis_decision(a)
     return {
         "decision": decision.kind,
         "reason": decision.reason,
