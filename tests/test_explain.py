@@ -894,16 +894,32 @@ def test_overlay():
     np.testing.assert_allclose(full[-1, -1], hot, atol=1)  # the map's maximum is bottom right
     # smooth upsampling: a 2x2 map becomes a gradient across the image, not four flat blocks
     assert len(np.unique(full[24].reshape(-1, 3), axis=0)) > 20
-    # the colours are matplotlib's colormap called on each upsampled value, blended in floats (within rounding)
-    rgb = Image.fromarray(np.random.default_rng(1).integers(0, 256, (48, 80, 3), dtype=np.uint8))
-    heat = torch.rand(6, 10)
-    m = (heat - heat.min()) / (heat.max() - heat.min())
-    m = np.asarray(Image.fromarray(m.numpy().astype(np.float32)).resize(rgb.size, Image.BICUBIC))
-    ref = 0.7 * np.asarray(rgb) / 255 + 0.3 * colormaps["jet"](np.clip(m, 0, 1))[..., :3]
-    got = np.asarray(figures.overlay(rgb, heat, alpha=0.3)).astype(int)
-    assert np.abs(got - np.round(ref * 255)).max() <= 1
     with pytest.raises(ValueError, match="2D"):
         figures.overlay(image, torch.zeros(1, 2, 2))
+
+
+def _overlay_in_floats(image: Image.Image, heat: torch.Tensor, alpha: float, colormap: str) -> np.ndarray:
+    """The reference: matplotlib's colormap called on each upsampled value, blended in floats, then rounded."""
+    m = (heat - heat.min()) / (heat.max() - heat.min())
+    m = np.asarray(Image.fromarray(m.numpy().astype(np.float32)).resize(image.size, Image.BICUBIC))
+    rgb = np.asarray(image.convert("RGB")) / 255
+    return np.round(((1 - alpha) * rgb + alpha * colormaps[colormap](np.clip(m, 0, 1))[..., :3]) * 255)
+
+
+# jet: the app's; twilight: 510 colours (more than 8 bits index); tab10: 10 colours
+@pytest.mark.parametrize(
+    ("colormap", "alpha"), [("jet", 0.5), ("jet", 0.3), ("jet", 0.85), ("twilight", 0.5), ("tab10", 0.6)]
+)
+def test_overlay_colours_are_matplotlibs_blended_in_floats_within_1(monkeypatch, colormap, alpha):
+    """``overlay`` colours from the colormap's table in 8 bits and blends in 8 bits: every channel of every pixel
+    within 1 of matplotlib's colormap blended in floats, also across its bands (a band of 7 rows here)."""
+    rng = np.random.default_rng(1)
+    photo = Image.fromarray(rng.integers(0, 256, (61, 90, 3), dtype=np.uint8))
+    heat = torch.from_numpy(rng.random((9, 14), dtype=np.float32))
+    monkeypatch.setattr(figures, "OVERLAY_PIXELS", 7 * photo.width)
+    got = np.asarray(figures.overlay(photo, heat, alpha=alpha, colormap=colormap)).astype(int)
+    ref = _overlay_in_floats(photo, heat, alpha, colormap)
+    assert np.abs(got - ref).max() <= 1
 
 
 def test_to_image_inverts_the_model_transform():

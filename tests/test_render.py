@@ -7,6 +7,7 @@ import torch
 from PIL import Image
 
 from webapp import render
+from webapp.catalog import ROOT
 
 
 def _colours(img: Image.Image, box: tuple[int, int, int, int]) -> int:
@@ -34,3 +35,68 @@ def test_a_flat_map_is_drawn_in_one_colour_and_its_bar_says_so():
     assert _colours(shown, (0, 0, 256, 256)) > 50 and _colours(shown, (0, 258, 256, 262)) > 50
     # just above the tolerance: the digits it takes to tell the ends apart (render.range_labels)
     assert render.bar_labels(torch.tensor([[0.9997, 1.0]])) == ("0.9997", "1.0000")
+
+
+def test_the_colour_bar_is_matplotlibs_ramp_and_each_map_labels_its_own():
+    """The bar's ramp is matplotlib's colormap across the bar's width, to the 8-bit rounding, for every map drawn
+    (whatever is kept between maps); the labels are each map's own."""
+    from matplotlib import colormaps
+
+    photo = Image.new("RGB", (300, 200), (120, 120, 120))
+    first = np.asarray(render.with_colorbar(photo, torch.linspace(0, 1, 64).reshape(8, 8), "attnlrp"))
+    second = np.asarray(render.with_colorbar(photo, torch.linspace(3, 7, 64).reshape(8, 8), "raw attention"))
+    expected = np.round(colormaps[render.COLORMAP](np.linspace(0.0, 1.0, 300))[:, :3] * 255)
+    for shown in (first, second):
+        assert np.array_equal(shown[:200], np.asarray(photo))  # the picture above, untouched
+        ramp = [y for y in range(200, shown.shape[0]) if np.array_equal(shown[y], expected)]
+        assert len(ramp) >= 6 and ramp == list(range(ramp[0], ramp[0] + len(ramp)))  # a band of that ramp
+    labels = slice(max(ramp) + 1, None)
+    assert not np.array_equal(first[labels], second[labels])  # "0.00 ... 1.00" against "3.00 ... 7.00"
+
+
+def test_a_map_on_the_image_is_the_overlay_over_the_region_seen_outlined_above_its_colour_bar():
+    """``map_on_image`` draws on one new picture what the steps draw one after the other: the image, the map's
+    overlay over the region the model saw, its outline (which reaches below a region as tall as the image: the
+    bar covers that), then the colour bar; ``shown``, shared between requests, is left as it was."""
+    from vit_core import figures
+
+    rng = np.random.default_rng(0)
+    shown = Image.fromarray(rng.integers(0, 256, (300, 451, 3), dtype=np.uint8))
+    before = np.asarray(shown).copy()
+    heat = torch.from_numpy(rng.random((14, 14), dtype=np.float32))
+    for box in [(75, 0, 375, 300), (0, 0, 451, 300), (10, 20, 200, 150)]:
+        expected = shown.copy()
+        expected.paste(figures.overlay(shown.crop(box), heat, 0.5, render.COLORMAP), box[:2])
+        if box != (0, 0, 451, 300):
+            render.outline(expected, box, width=2)
+        expected = render.with_colorbar(expected, heat, "attnlrp")
+        assert np.array_equal(np.asarray(render.map_on_image(shown, box, heat, 0.5, "attnlrp")), np.asarray(expected))
+    assert np.array_equal(np.asarray(shown), before)
+
+
+def test_the_overlay_is_sent_as_a_jpeg_close_to_what_was_drawn(tmp_path):
+    """Classify's overlay output (``classify.overlay_output``, a ``JpegFigure``) writes the drawn picture into
+    Gradio's cache as a JPEG with its colours at full resolution: every pixel within 16 levels of what was drawn,
+    under 1 on average, where Gradio's own JPEG (the format it had) is off by more on average; the EXIF that makes
+    each answer a file of its own is kept, and the page draws it as a ``gr.Image``."""
+    import gradio as gr
+    from PIL import JpegImagePlugin
+
+    from webapp.tabs import classify
+
+    photo = Image.open(ROOT / "examples" / "cat_chelsea.jpg").convert("RGB")
+    heat = torch.rand(8, 8, generator=torch.Generator().manual_seed(0))
+    drawn = render.unique(render.map_on_image(photo, (75, 0, 375, 300), heat, 0.5, "attnlrp"), "AttnLRP")
+
+    def sent(component: gr.Image) -> tuple[Image.Image, np.ndarray]:
+        component.GRADIO_CACHE = str(tmp_path)
+        img = Image.open(component.postprocess(drawn).path)
+        return img, np.abs(np.asarray(img.convert("RGB")).astype(int) - np.asarray(drawn).astype(int))
+
+    output = classify.overlay_output()
+    img, off = sent(output)
+    assert img.format == "JPEG" and JpegImagePlugin.get_sampling(img) == 0  # 4:4:4
+    assert off.max() <= 16 and off.mean() < 1.0, (off.max(), off.mean())
+    assert sent(gr.Image(type="pil", format="jpeg"))[1].mean() > 2 * off.mean()
+    assert img.getexif()[render.IMAGE_DESCRIPTION] == drawn.getexif()[render.IMAGE_DESCRIPTION]
+    assert output.get_block_name() == "image"

@@ -186,9 +186,9 @@ def _carries_the_image(value: object, depth: int = 0) -> bool:
 def test_one_classify_request_reads_its_upload_once_and_passes_through_at_most_10_app_modules(ctx, tmp_path):
     """The page's Classify request (the upload component, then the page's handler: ticketed, behind the memory
     gate, ``show``) on a photo the
-    server has not seen: the file is opened once (its header, digest and pixels come from that read), and the
-    image or what is made from it (pixels, tensors, the map, the overlay) passes through at most 10 of the app's
-    modules (``docs/ARCHITECTURE.md`` draws the path)."""
+    server has not seen, its overlay then encoded by its output component: the file is opened once (its header,
+    digest and pixels come from that read), and the image or what is made from it (pixels, tensors, the map, the
+    overlay) passes through at most 10 of the app's modules (``docs/ARCHITECTURE.md`` draws the path)."""
     photo = tmp_path / "new_cat.png"
     Image.open(ROOT / "examples" / "cat_chelsea.jpg").save(photo)  # other bytes: not in the analysis cache
     ctx = Context(ctx.models, gate=Gate(max_memory=rss() + (2 << 30)))
@@ -216,13 +216,44 @@ def test_one_classify_request_reads_its_upload_once_and_passes_through_at_most_1
         labels, overlay, note, *_ = page_request(
             image, ctx.models.default, **settings, opacity=0.5, top_k=5, ticket=None, request=None
         )
+        output = classify.overlay_output()
+        output.GRADIO_CACHE = str(tmp_path / "gradio")
+        sent = output.postprocess(overlay)  # the overlay's way into the answer
     finally:
         sys.setprofile(None)
         tracing[0] = False
-    assert "cat" in labels["value"] and overlay is not None and note.startswith("Computed in")
+    assert "cat" in labels["value"] and Path(sent.path).is_file() and note.startswith("Computed in")
     assert len(opened) == 1, opened
     print(sorted(modules))
     assert len(modules) <= 10, "\n".join(sorted(modules))
+
+
+def test_classify_runs_each_of_its_steps_through_the_step_it_is_given(ctx, tmp_path):
+    """``bench.app_budget`` times ``classify.answer`` itself through its ``step``: a new photo's answer runs
+    reading the upload (its digest, then its header), decoding, preprocessing, the model's views, the map and the
+    overlay through it, in that order, and answers with what they return; an image analysed before runs only its
+    digest, the map and the overlay."""
+    photo = tmp_path / "stepped_cat.png"
+    cat = Image.open(ROOT / "examples" / "cat_chelsea.jpg").convert("RGB")
+    cat.putpixel((0, 0), (1, 2, 3))
+    cat.save(photo)  # bytes no other test sends: not in the analysis cache
+    seen = []
+
+    def step(name, work):
+        seen.append((name, work()))
+        return seen[-1][1]
+
+    request = {"image": Upload(str(photo)), "model_choice": ctx.models.default}
+    labels, overlay, _, _, _, _, covered = classify.answer(ctx, Request(request), step)
+    names = [name for name, _ in seen]
+    assert names == ["read", "read", "decode", "preprocess", "model views", "map", "overlay"], names
+    assert covered == classify.NEW and seen[-1][1] is overlay
+    assert seen[1][1] == (451, 300) and seen[2][1].size == (451, 300)  # the header's size, the decoded image
+    seen.clear()
+    again = classify.answer(ctx, Request(request))  # no step given: run as they are
+    assert seen == [] and again[0] == labels and again[6] != classify.NEW
+    classify.answer(ctx, Request(request), step)
+    assert [name for name, _ in seen] == ["read", "map", "overlay"]
 
 
 # ------------------------------------------------------------------------------------ the page's events

@@ -148,6 +148,10 @@ def test_analyses_are_cached_by_content_and_bounded(tmp_path):
     tiny.get_or_compute(("m", "0"), lambda: first)
     tiny.get_or_compute(("m", "1"), lambda: first)
     assert list(tiny._items) == [("m", "1")]
+    two = AnalysisCache(max_bytes=2 * first.nbytes())  # the oldest dropped until the rest fit
+    for i in range(4):
+        two.get_or_compute(("m", str(i)), lambda: first)
+    assert list(two._items) == [("m", "2"), ("m", "3")]
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))

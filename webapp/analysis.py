@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from PIL import Image
@@ -39,6 +40,9 @@ from .settings import Settings, affordable, refusal
 MAX_SIDE = 2048  # larger uploads are decoded reduced to this long side, and overlays drawn at it
 MAX_PIXELS = 50_000_000  # larger uploads are refused before decoding (decompression bombs)
 Box = tuple[int, int, int, int]
+T = TypeVar("T")
+# A named step of a request, given its work: runs it and returns what it returns (``untimed``), timing it or not
+Step = Callable[[str, Callable[[], Any]], Any]
 
 
 def autocast(device: torch.device) -> AbstractContextManager:
@@ -104,10 +108,9 @@ class AnalysisCache:
         with self._lock:
             self._items[key] = a
             self._items.move_to_end(key)
-            while len(self._items) > self.max_entries or (
-                len(self._items) > 1 and sum(v.nbytes() for v in self._items.values()) > self.max_bytes
-            ):
-                self._items.popitem(last=False)
+            total = sum(v.nbytes() for v in self._items.values())  # once: each drop takes its own bytes off
+            while len(self._items) > self.max_entries or (len(self._items) > 1 and total > self.max_bytes):
+                total -= self._items.popitem(last=False)[1].nbytes()
         return a
 
 
@@ -201,37 +204,58 @@ def decode(src: ImageSource, transform: ImageTransform) -> Image.Image:
     return load_image(src, MAX_PIXELS, MAX_SIDE, needed_side(transform))
 
 
+def untimed(name: str, work: Callable[[], T]) -> T:
+    """A named step of a request (``Step``), run as it is: ``bench.app_budget`` passes a step that times it."""
+    return work()
+
+
 def analyse(
-    model: VisionTransformer, transform: ImageTransform, model_key: str, image: Upload | str, device: torch.device
+    model: VisionTransformer,
+    transform: ImageTransform,
+    model_key: str,
+    image: Upload | str,
+    device: torch.device,
+    step: Step = untimed,
 ) -> Analysis:
     """The cached analysis of an uploaded image by ``model``, computing it on a miss: the upload read once
-    (``Upload``), decoded by ``decode``; API coordinates stay in the upload's own pixels.
+    (``Upload``), decoded by ``decode``; API coordinates stay in the upload's own pixels. Its steps (reading the
+    upload, decoding, preprocessing, the model's views) each run through ``step``.
 
     Raises ``vit_core.data.ImageDataError`` for files that are not safe, readable images."""
     upload = upload_of(image)
 
-    def compute() -> Analysis:
-        size = upload.header.size
-        img = decode(upload.file(), transform)
-        if (img.width < img.height) != (size[0] < size[1]):  # a PNG whose EXIF rotation came after its pixels
-            size = size[::-1]
-        x = transform(img).unsqueeze(0)
-        shown = render.display_copy(img, MAX_SIDE)  # an extreme aspect ratio was kept larger for the model
+    def prepare(img: Image.Image) -> tuple[torch.Tensor, Image.Image]:
+        # the model's input, and the copy overlays are drawn on (an extreme aspect ratio was kept larger for
+        # the model)
+        return transform(img).unsqueeze(0), render.display_copy(img, MAX_SIDE)
+
+    def views(x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], float | None, bool | None]:
         with autocast(device):  # the views the model was calibrated for, calibrated and checked where it can be
             p = predict(model, x.to(device), return_attention=True)
+        score = None if p.ood_score is None else float(p.ood_score[0])
+        is_ood = None if p.is_ood is None else bool(p.is_ood[0])
+        return p.probs[0].float().cpu(), [a.float().cpu() for a in p.attentions], score, is_ood
+
+    def compute() -> Analysis:
+        size = step("read", lambda: upload.header.size)
+        img = step("decode", lambda: decode(upload.file(), transform))
+        if (img.width < img.height) != (size[0] < size[1]):  # a PNG whose EXIF rotation came after its pixels
+            size = size[::-1]
+        x, shown = step("preprocess", lambda: prepare(img))
+        probs, attentions, ood_score, is_ood = step("model views", lambda: views(x))
         return Analysis(
             model=model,
             shown=shown,
             size=size,
             crop=tuple(transform.crop_box(*size)),
             x=x,
-            probs=p.probs[0].float().cpu(),
-            attentions=[a.float().cpu() for a in p.attentions],
-            ood_score=None if p.ood_score is None else float(p.ood_score[0]),
-            is_ood=None if p.is_ood is None else bool(p.is_ood[0]),
+            probs=probs,
+            attentions=attentions,
+            ood_score=ood_score,
+            is_ood=is_ood,
         )
 
-    return ANALYSES.get_or_compute((model_key, upload.digest), compute)
+    return ANALYSES.get_or_compute((model_key, step("read", lambda: upload.digest)), compute)
 
 
 # -------------------------------------------------------------------------------------------- maps

@@ -22,9 +22,6 @@ Box = tuple[int, int, int, int]  # (left, top, right, bottom) in pixels
 OUTLINE = (255, 255, 255)
 SHADOW = (0, 0, 0)
 IMAGE_DESCRIPTION = 0x010E  # EXIF tag
-# Classify's overlay is sent as JPEG: about 1 ms to encode a 451x300 photo with its map, against 20 ms as WebP
-# (Gradio's default), the largest step outside the model (``bench.app_budget``)
-OVERLAY_FORMAT = "jpeg"
 MIN_SIDE = 256  # smaller images are shown enlarged: a map over an 8-pixel image is not an 8-pixel speck
 # A map whose range is below this share of its largest magnitude is flat: stretched to the full colour range,
 # its colours would show float rounding (Chefer et al.'s map once spanned 0.99990 to 1 and was drawn as a map)
@@ -75,38 +72,56 @@ def outline(img: Image.Image, box: tuple[float, float, float, float], width: int
     return img
 
 
-def with_colorbar(img: Image.Image, heat: torch.Tensor, caption: str) -> Image.Image:
-    """``img`` with a horizontal colour bar below it, labelled with the map's smallest and largest values:
+@lru_cache(maxsize=32)
+def _ramp(width: int, height: int, flat: bool) -> Image.Image:
+    """The colour bar's colours, ``width`` x ``height``: the colormap across its width, or for a flat map
+    (``is_flat``) the one colour it is drawn in. Made once for each size and shared: pasted, never drawn on."""
+    ramp = colormaps[COLORMAP](np.zeros(width) if flat else np.linspace(0.0, 1.0, width))[None, :, :3]
+    return Image.fromarray(np.round(np.repeat(ramp, height, axis=0) * 255).astype(np.uint8))
+
+
+def colour_bar(width: int, heat: torch.Tensor, caption: str) -> Image.Image:
+    """A horizontal colour bar ``width`` pixels wide, labelled with the map's smallest and largest values:
     ``figures.overlay`` stretches every map to the full colour range, so the ends say what the colours mean.
     A flat map (``is_flat``) is drawn in one colour, and its bar, that colour, says so (``bar_labels``)."""
-    w = img.width
-    size = max(10, min(28, round(w / 32)))
+    size = max(10, min(28, round(width / 32)))
     font = _font(size)
     bar_h, pad = max(6, size // 2), max(2, size // 4)
-    strip = Image.new("RGB", (w, pad + bar_h + pad + size + pad), "white")
-    ramp = colormaps[COLORMAP](np.zeros(w) if is_flat(heat) else np.linspace(0.0, 1.0, w))[None, :, :3]
-    strip.paste(Image.fromarray(np.round(np.repeat(ramp, bar_h, axis=0) * 255).astype(np.uint8)), (0, pad))
+    strip = Image.new("RGB", (width, pad + bar_h + pad + size + pad), "white")
+    strip.paste(_ramp(width, bar_h, is_flat(heat)), (0, pad))
     draw = ImageDraw.Draw(strip)
     y = pad + bar_h + pad
     lo, hi = bar_labels(heat)
     draw.text((1, y), lo, fill="black", font=font)
-    draw.text((w - 1, y), hi, fill="black", font=font, anchor="ra")
-    room = w - draw.textlength(lo, font=font) - draw.textlength(hi, font=font) - 4 * size
+    draw.text((width - 1, y), hi, fill="black", font=font, anchor="ra")
+    room = width - draw.textlength(lo, font=font) - draw.textlength(hi, font=font) - 4 * size
     if draw.textlength(caption, font=font) <= room:
-        draw.text((w / 2, y), caption, fill="black", font=font, anchor="ma")
-    out = Image.new("RGB", (w, img.height + strip.height), "white")
-    out.paste(img.convert("RGB"), (0, 0))
+        draw.text((width / 2, y), caption, fill="black", font=font, anchor="ma")
+    return strip
+
+
+def with_colorbar(img: Image.Image, heat: torch.Tensor, caption: str) -> Image.Image:
+    """``img`` with its map's ``colour_bar`` below it."""
+    strip = colour_bar(img.width, heat, caption)
+    out = Image.new("RGB", (img.width, img.height + strip.height), "white")
+    out.paste(img if img.mode == "RGB" else img.convert("RGB"), (0, 0))
     out.paste(strip, (0, img.height))
     return out
 
 
 def map_on_image(shown: Image.Image, box: Box, heat: torch.Tensor, alpha: float, caption: str) -> Image.Image:
-    """The whole image with ``heat`` blended over ``box``, the region the model saw (outlined), and a colour bar."""
-    out = shown.convert("RGB")  # a copy: ``shown`` is cached and shared between requests
-    out.paste(_coloured(shown.crop(box), heat, alpha), box[:2])
-    if box != (0, 0, *shown.size):
+    """The whole image with ``heat`` blended over ``box``, the region the model saw (outlined), and a colour bar:
+    drawn on one new picture (``shown`` is cached and shared between requests)."""
+    strip = colour_bar(shown.width, heat, caption)
+    out = Image.new("RGB", (shown.width, shown.height + strip.height), "white")
+    if box == (0, 0, *shown.size):  # the model saw it all
+        out.paste(_coloured(shown, heat, alpha), (0, 0))
+    else:  # the part it did not see as it is, the part it saw coloured and outlined
+        out.paste(shown if shown.mode == "RGB" else shown.convert("RGB"), (0, 0))
+        out.paste(_coloured(shown.crop(box), heat, alpha), box[:2])
         outline(out, box, width=max(1, round(max(shown.size) / 300)))
-    return with_colorbar(out, heat, caption)
+    out.paste(strip, (0, shown.height))  # after the outline, which may reach below the image
+    return out
 
 
 def map_on_crop(

@@ -19,13 +19,14 @@ from PIL import Image
 from vit_core import VisionTransformer
 
 from .. import estimates, model_info, render
-from ..analysis import Analysis, Upload, declared, explained_class, map_key, relevance
+from ..analysis import Analysis, Step, Upload, declared, explained_class, map_key, relevance, untimed
 from ..errors import user_errors
 from ..settings import MapSettings, Settings, head_name, layer_name
 from ..ui import fresh
 from ..ui.context import EXAMPLES, Context
 from ..ui.controls import Controls, figure
 from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api
+from ..ui.inputs import JpegFigure
 
 TITLE = "Classify"
 
@@ -80,32 +81,31 @@ classify = user_errors(api(_classify, ("image", "model_choice", *MapSettings.nam
 NEW, MAP_ONLY, CACHED = "new", "map only", "cached"  # what a compute time covered (``answer``)
 
 
-def answer(ctx: Context, request: Request) -> tuple[dict[str, float], Image.Image, float, str, str, dict, str]:
+def answer(
+    ctx: Context, request: Request, step: Step = untimed
+) -> tuple[dict[str, float], Image.Image, float, str, str, dict, str]:
     """``classify``'s answer to ``request`` (its image, model and settings), and what the compute time
     covered: ``NEW`` (the image decoded and run through the model, then the map), ``MAP_ONLY`` (the image's
     forward pass was cached, the map was drawn) or ``CACHED`` (the forward pass and the map were both computed
-    by an earlier request)."""
+    by an earlier request). Its steps (``analysis.analyse``'s, the map, the overlay) run through ``step``."""
     t0 = time.perf_counter()
-    a = ctx.analysis(request["image"], request["model_choice"])
+    a = ctx.analysis(request["image"], request["model_choice"], step)
     settings = request.settings
     s, k = settings.checked(a.model, ctx.default_method), settings.top(a.model)
     map_cached = s.method.from_attentions is None and map_key(a, s) in a.maps
-    heat = relevance(a, s, ctx.device, request.report)
+    heat = step("map", lambda: relevance(a, s, ctx.device, request.report))
     compute_ms = (time.perf_counter() - t0) * 1000
     covered = NEW if a.created >= t0 else CACHED if map_cached else MAP_ONLY
     top = a.probs.topk(k)
     labels = {a.names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
-    overlay = render.map_on_image(a.shown, a.box, heat, s.opacity, s.method.title.lower())
-    verdict = model_info.analysis_decision(a).markdown()
-    return (
-        labels,
-        render.unique(overlay, s.method.title),
-        round(compute_ms, 2),
-        verdict,
-        explains(a, s),
-        ood_check(a),
-        covered,
-    )
+    overlay = step("overlay", lambda: picture(a, heat, s))
+    decision = model_info.analysis_decision(a)
+    return labels, overlay, round(compute_ms, 2), decision.markdown(), explains(a, s), ood_check(a, decision), covered
+
+
+def picture(a: Analysis, heat: torch.Tensor, s: Settings) -> Image.Image:
+    """The map over the image, with its colour bar, made a file of its own in Gradio's cache (``render.unique``)."""
+    return render.unique(render.map_on_image(a.shown, a.box, heat, s.opacity, s.method.title.lower()), s.method.title)
 
 
 def compute_note(ms: float, covered: str) -> str:
@@ -118,13 +118,13 @@ def compute_note(ms: float, covered: str) -> str:
     return f"Answered in {took} from the cache (this image and this map were computed before)."
 
 
-def ood_check(a: Analysis) -> dict:
+def ood_check(a: Analysis, decision: model_info.Decision) -> dict:
     """The "none of my classes" check of an analysis, as the batch CSV gives it: the decision, the score and the
     stored threshold it was compared with (all None for a model without a detector: its calibration is
-    unknown, and only the "Not sure" rule applies); and the app's decision (``model_info.decide``: "answer",
-    "none of my classes", "torn" or "not sure") with its reason in words."""
+    unknown, and only the "Not sure" rule applies); and the app's ``decision`` on it
+    (``model_info.analysis_decision``: "answer", "none of my classes", "torn" or "not sure") with its reason in
+    words."""
     detector = a.model.calibration.ood if a.model.calibration is not None else None
-    decision = model_info.analysis_decision(a)
     return {
         "decision": decision.kind,
         "reason": decision.reason,
@@ -203,6 +203,12 @@ class _Fitted:
         return [*self.controls.fit(model, device), gr.Dataset(visible=examples_fit(model))]
 
 
+def overlay_output() -> JpegFigure:
+    """The map's picture, on the page and in the API's answer: each overlay is sent as a JPEG (``JpegFigure``),
+    encoded into Gradio's cache (``bench.app_budget`` times that with this component)."""
+    return figure("Where the model looked", "overlay", JpegFigure, height=360)
+
+
 def build(ctx: Context, page: Page) -> Tab:
     """The tab's two columns: the page's image and settings (``Controls``), which it lays out; the results."""
     picker, c = page.picker, page.controls
@@ -220,7 +226,7 @@ def build(ctx: Context, page: Page) -> Tab:
         with gr.Column(elem_id="results"):
             verdict = gr.Markdown(label="Prediction in words", elem_classes="verdict", elem_id="verdict")
             explained = gr.Markdown(label="Class the map explains", elem_id="explains")
-            overlay = figure("Where the model looked", "overlay", height=360, format=render.OVERLAY_FORMAT)
+            overlay = overlay_output()
             gr.Markdown(
                 "The coloured region is what the model saw, resized to its input size (a centre crop, "
                 "or the whole image when the model squashes); the rest was not used. The colour bar gives "

@@ -14,7 +14,7 @@ import torch
 from vit_core import methods
 
 from ..admission import Gate
-from ..analysis import Analysis, Upload, analyse
+from ..analysis import Analysis, Step, Upload, analyse, untimed
 from ..catalog import ROOT
 from ..models import Models
 from ..training import Trainer
@@ -52,12 +52,12 @@ class Context:
         """The map shown before a visitor picks one (``--default-method``)."""
         return self.models.options.default_method
 
-    def analysis(self, image: Upload | str | None, model_choice: str) -> Analysis:
-        """The (cached) forward pass of ``image`` through the chosen model."""
+    def analysis(self, image: Upload | str | None, model_choice: str, step: Step = untimed) -> Analysis:
+        """The (cached) forward pass of ``image`` through the chosen model (its steps through ``step``)."""
         if image is None:
             raise gr.Error("Upload, paste or capture an image first (Classify tab).")
         model, transform = self.models.get(model_choice)
-        return analyse(model, transform, self.models.key_of(model_choice), image, self.device)
+        return analyse(model, transform, self.models.key_of(model_choice), image, self.device, step)
 
     def handler(self, fn: Callable, estimate: Estimate | None) -> Callable:
         """``fn(ctx, ...)`` as an event handler: bound to this context, so that Gradio reads the rest of its

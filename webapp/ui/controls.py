@@ -161,7 +161,8 @@ def tiles(label: str, elem_id: str) -> gr.Gallery:
     )
 
 
-def figure(label: str, elem_id: str, **options: object) -> gr.Image:
-    """A picture the server draws, its buttons above it (the page's ``.figure`` CSS); no label drawn over it:
-    its title or the line above says what it shows (``label`` names the API output)."""
-    return gr.Image(type="pil", label=label, show_label=False, elem_id=elem_id, elem_classes="figure", **options)
+def figure(label: str, elem_id: str, kind: type[gr.Image] = gr.Image, **options: object) -> gr.Image:
+    """A picture the server draws (a ``kind`` of ``gr.Image``), its buttons above it (the page's ``.figure``
+    CSS); no label drawn over it: its title or the line above says what it shows (``label`` names the API
+    output)."""
+    return kind(type="pil", label=label, show_label=False, elem_id=elem_id, elem_classes="figure", **options)
