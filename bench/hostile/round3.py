@@ -270,3 +270,21 @@ def case_two_streams(raw: Raw, inputs: Inputs, row: Row, n: int = 10) -> None:
             row.add(pool.submit(rest, session, answered).result())
             streamed.result()
     row.note = f"{n} sessions read by two streams"
+
+
+def case_gradio_cancel(raw: Raw, inputs: Inputs, row: Row) -> None:
+    """Gradio's own cancel route (``/gradio_api/cancel``) naming a training visitor's session hash and the /train
+    listener, from another address, while the job trains: refused (403) by ``queueing.OwnCancels``, and the
+    visitor's job ends done (before, Gradio cancelled it and the visitor never had an answer)."""
+    owner = _client(raw, "198.51.100.120")
+    job = _train(owner, zip_of_photos(inputs, 4), minutes=0.2)
+    deadline = time.time() + 300
+    while not any(str(u[0]).startswith(("Training", "Reading", "Plan")) for u in job.outputs()):
+        if job.done() or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    body = {"session_hash": owner.session_hash, "fn_index": raw.app.fn["train"], "event_id": "0" * 32}
+    r = httpx.post(f"{raw.base}/cancel", json=body, headers={"X-Forwarded-For": ATTACKER}, timeout=60)
+    row.add(Result(r.status_code == 200, f"HTTP {r.status_code}: {r.text[:100]}", 0))
+    ending = _ending(job)
+    row.note = f"the visitor's job: {ending.message[:70]}"
