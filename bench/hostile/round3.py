@@ -70,7 +70,8 @@ def _ending(job, timeout: float = 600) -> Result:
     t0 = time.perf_counter()
     try:
         out = job.result(timeout=timeout)
-        return Result(True, str(out[2] or out[0])[:120], time.perf_counter() - t0, list(out))
+        text = out[2] if isinstance(out[2], str) and out[2] else out[0]  # the result, else the progress line
+        return Result(True, str(text)[:120], time.perf_counter() - t0, list(out))
     except Exception as e:
         return Result(False, str(e).splitlines()[-1][:160], time.perf_counter() - t0)
 
@@ -142,8 +143,8 @@ def case_jobs_restart(raw: Raw, inputs: Inputs, row: Row) -> None:
         time.sleep(3.0 + i)
         client.predict(api_name="/train_cancel")
         endings.append(_ending(job))
-    for r in endings:
-        row.add(r)
+    for r in endings:  # served: trained; refused: busy, a refused zip, cancelled
+        row.add(r if r.ok and "Done" in r.message else Result(False, r.message, r.seconds))
     held = _bytes(raw.app.tmpdir)
     raw.app.restart()
     left = list(raw.app.tmpdir.glob("vit-train-*"))
