@@ -5,7 +5,9 @@ the memory gate reserves for the job (``webapp.tabs.train.estimate``)."""
 
 from __future__ import annotations
 
+import struct
 import time
+import types
 
 import pytest
 
@@ -59,3 +61,16 @@ def test_a_budget_too_short_to_calibrate_is_refused_before_training(ctx, tmp_pat
             on_progress=lambda p: steps.append(p.phase),
         )
     assert "training" not in steps and not (tmp_path / "run").exists()
+
+
+def test_a_zip_that_declares_fewer_entries_than_it_holds_is_refused(ctx, tmp_path):  # noqa: F811
+    """The gate reserves for the photos a zip's end record declares; one that declares a single entry while it holds
+    four photos is refused in a sentence once they are counted, before anything trains."""
+    path = two_classes(tmp_path / "p.zip", per_class=2)
+    data = bytearray(path.read_bytes())
+    end = data.rfind(b"PK\x05\x06")
+    data[end + 8 : end + 12] = struct.pack("<HH", 1, 1)  # entries on this disk, entries in all
+    path.write_bytes(bytes(data))
+    request = types.SimpleNamespace(session_hash="liar")
+    (update,) = train.train(ctx, str(path), ctx.models.default, 0.1, False, request)
+    assert update[0] == "⚠️ The zip's directory declares 1 entry but holds more photos.", update[0]

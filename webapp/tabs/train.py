@@ -145,9 +145,10 @@ def _checked(
         job = trainer.start(session or "api", minutes)
     except TrainingBusy as e:
         raise gr.Error(str(e), print_exception=False) from None
+    entries = _entries(photos)  # the gate reserves for these photos; a zip holding more is refused (``_train``)
     try:
-        with ctx.held(estimate, model_choice=model_choice, double_size=double_size, images=_entries(photos)):
-            yield from _train(ctx, job, photos, source.source, size, limits)
+        with ctx.held(estimate, model_choice=model_choice, double_size=double_size, images=entries):
+            yield from _train(ctx, job, photos, source.source, size, limits, entries)
     finally:
         trainer.finish(job)
 
@@ -162,13 +163,19 @@ def _entries(photos: str) -> int | None:
     return declared[0] if declared is not None else None
 
 
-def _train(ctx: Context, job: Job, photos: str, init: str, size: int | None, limits: Limits) -> Iterator:
+def _train(
+    ctx: Context, job: Job, photos: str, init: str, size: int | None, limits: Limits, entries: int | None
+) -> Iterator:
     trainer = ctx.trainer
     skip = gr.skip()
     try:
         found = from_zip(photos, job.data, limits)
     except ValueError as e:
         raise gr.Error(sentence(str(e)), print_exception=False) from None
+    if entries is not None and sum(found.counts.values()) > entries:  # its end record lied: the estimate too
+        what = f"{entries:,} {'entry' if entries == 1 else 'entries'}"
+        lie = f"The zip's directory declares {what} but holds more photos."
+        raise gr.Error(lie, print_exception=False)
     hidden = gr.update(value=None, visible=False)
     yield f"{found.text()}. Starting…", _plot([]), "", hidden, skip, hidden, hidden, None, []
     points, last, result = [], 0.0, None
