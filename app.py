@@ -37,7 +37,7 @@ from webapp.memory import limit_arenas
 from webapp.models import Models
 from webapp.newcomers import RequestScope, SessionRate
 from webapp.options import ALL_INTERFACES, Options, add_arguments, configure, serving_host
-from webapp.queueing import ClientLimits, UploadLimits
+from webapp.queueing import ClientLimits, OwnCancels, UploadLimits
 from webapp.sessions import Sessions
 from webapp.tabs import batch, classify, compare, explore, inspect, train
 from webapp.ui import picker
@@ -199,6 +199,7 @@ def main() -> None:
                 Middleware(BodyLimits),
                 Middleware(UploadLimits, max_bytes=upload_limit),
                 Middleware(RequestScope),
+                Middleware(OwnCancels, blocks=demo),
             ]
         },
         enable_monitoring=False,

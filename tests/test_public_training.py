@@ -2,7 +2,7 @@
 proxy (``FORWARDED_HOPS=1``: the address is the ``X-Forwarded-For`` entry the proxy appended), a model trained by
 one client through ``/train`` is used by it and refused to another session and to the same session hash sent
 from another address, and a REST body naming the trainer's session hash from another address cannot cancel its
-job."""
+job, neither through the Train tab's Cancel nor through Gradio's own cancel route."""
 
 from __future__ import annotations
 
@@ -86,3 +86,32 @@ def test_a_trained_model_and_its_job_are_their_callers(server, tmp_path):
             other.predict(handle_file(str(CAT)), model_choice=value, api_name="/classify")
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
     assert list((log.parent / "gradio").glob("tmp*")) == []  # Gradio's gr.File left an empty file per zip
+
+
+def test_gradios_own_cancel_route_cancels_only_the_callers_events(server, tmp_path):
+    """Gradio's ``/gradio_api/cancel`` cancels the running event of the session hash and listener it names, and a
+    session hash is the client's to send: from another address it is refused (403) and the owner's job ends "Done"
+    (before ``queueing.OwnCancels``, Gradio cancelled it: the owner's job never answered); from the owner's address
+    Gradio answers it as before."""
+    url, log = server
+    config = httpx.get(f"{url}config", timeout=30).json()
+    fn = next(d.get("id", i) for i, d in enumerate(config["dependencies"]) if d.get("api_name") == "train")
+    owner = _client(url, "10.0.0.5")
+    job = owner.submit(
+        handle_file(str(two_classes(tmp_path / "p.zip", per_class=4))),
+        "bundled: CIFAR-10 hybrid ViT",
+        0.1,
+        False,
+        api_name="/train",
+    )
+    while not any(str(u[0]).startswith(("Training", "Reading")) for u in job.outputs()):
+        assert not job.done(), job.outputs()
+        time.sleep(0.2)
+    body = {"session_hash": owner.session_hash, "fn_index": fn, "event_id": "0" * 32}
+    stranger = httpx.post(f"{url}gradio_api/cancel", json=body, headers={"X-Forwarded-For": "10.0.0.6"}, timeout=30)
+    assert stranger.status_code == 403, stranger.text
+    _, _, summary, *_ = job.result(timeout=300)
+    assert "Done" in summary, summary
+    mine = httpx.post(f"{url}gradio_api/cancel", json=body, headers={"X-Forwarded-For": "10.0.0.5"}, timeout=30)
+    assert mine.status_code == 200, mine.text  # nothing of its own left to cancel: Gradio's answer
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]

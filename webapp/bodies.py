@@ -14,8 +14,9 @@ the server past 5 GB before any check ran. ``BodyLimits`` wraps the whole app, s
 - **A client that hangs up** mid-request ends in one log line, not a traceback.
 - **Two streams of one session** (a page's ``/queue/data`` and a REST ``/call/<api>/<event>`` whose body named
   the same ``session_hash``): when one ends the session's queue of messages, Gradio's other stream raises a 404
-  inside a response already started, which Starlette turned into a traceback in the log. That case only (a
-  stream route, a 404 after the response started) ends the stream quietly, in one log line (``_orphaned``).
+  inside a response already started, or, when its client has hung up meanwhile, a ``KeyError`` deleting the
+  messages the first already deleted; Starlette turned either into a traceback in the log. Those cases only (a
+  stream route, after the response started) end the stream quietly, in one log line (``_orphaned``).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class BodyLimits:
             await refuse(send, e.status, str(e))
         except ClientDisconnect:
             log.info("a client disconnected during its request to %s", scope["path"][:100])
-        except RuntimeError as e:
+        except (RuntimeError, KeyError) as e:
             if not (started and _orphaned(scope, e)):
                 raise
             log.info(
@@ -140,10 +141,13 @@ class BodyLimits:
         )
 
 
-def _orphaned(scope: dict, e: RuntimeError) -> bool:
-    """Whether ``e`` is Gradio's stream of a session finding the session's messages gone (a 404 raised inside
-    the started response of ``/queue/data`` or ``/call/<api>/<event>``)."""
+def _orphaned(scope: dict, e: RuntimeError | KeyError) -> bool:
+    """Whether ``e`` is Gradio's stream of a session finding the session's messages gone, inside the started
+    response of ``/queue/data`` or ``/call/<api>/<event>``: a 404 raised there, or a ``KeyError`` deleting them
+    again as the stream is cancelled (its client gone, the other stream having deleted them)."""
     path = scope["path"]
     stream = scope["method"] == "GET" and (path.endswith("/queue/data") or "/call/" in path)
+    if isinstance(e, KeyError):
+        return stream
     cause = e.__cause__
     return stream and isinstance(cause, HTTPException) and cause.status_code == 404

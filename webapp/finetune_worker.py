@@ -5,10 +5,13 @@ held-out ``details``: per-class accuracy, confusion matrix, misclassified files,
 the current step once the job's stop file exists (the Cancel button). Everything else it prints goes to its log
 (stderr).
 
-First it decodes the photos the server only checked (``webapp.trainset.decode_folder``), inside the job's budget:
-the stop file and the deadline (the process's start plus the job's budget) are checked before each image, and
-what is left of the budget trains. A job that cannot train (cancelled or out of time while decoding, too few
-photos left that decode) prints ``{"error": sentence}`` and exits with ``REFUSED``; the server shows the sentence.
+The job's budget covers everything it does from the process's start: first it decodes the photos the server only
+checked (``webapp.trainset.decode_folder``; the stop file and the deadline are checked before each image), then
+what is left goes to ``finetune_folder(..., within_budget=True)``, which keeps the time its calibration and writing
+will take (``vit_core.finetune.budget``) and trains for the rest. A job that cannot train (cancelled or out of time
+while decoding, too few photos left that decode, a budget too short for calibrating the photos) prints
+``{"error": sentence}`` and exits with ``REFUSED``; the server shows the sentence. The result's line also says the
+process's peak RSS (``peak_bytes``), which the Train tab's memory estimate bounds (``webapp.estimates``).
 
 A process of its own rather than a thread of the server (``webapp.training``): torch's thread count is
 process-wide (``torch.set_num_threads`` in a thread would slow every other visitor's Classify), a process's
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -27,6 +31,8 @@ from pathlib import Path
 import torch
 
 from vit_core.finetune import Progress, finetune_folder
+from vit_core.finetune.budget import BudgetTooShort
+from webapp.memory import release_memory
 from webapp.trainset import Stopped, decode_folder
 
 REFUSED = 3  # the exit status of a job refused with a sentence (its ``{"error": ...}`` line)
@@ -45,28 +51,51 @@ def main(job_file: str) -> None:
     job = json.loads(Path(job_file).read_text())
     torch.set_num_threads(job["threads"])
     stop = Path(job["stop_file"])
-    deadline = time.time() + 60 * job["minutes"]  # the budget from here: decoding, then training
+    deadline = time.time() + 60 * job["minutes"]  # the budget from here: decoding, training, calibration, writing
     _emit(dataclasses.asdict(Progress("loading")))
+
+    def refuse(e: Exception) -> None:
+        _emit({"error": str(e)})
+        _exit(REFUSED)
+
     try:
         decode_folder(Path(job["data"]), stop.exists, deadline, job.get("min_per_class", 2))
         if deadline - time.time() < MIN_TRAIN_S:
             raise ValueError("Reading the photos took the whole time budget: send smaller photos, or fewer.")
     except (Stopped, ValueError) as e:
-        _emit({"error": str(e)})
-        sys.exit(REFUSED)
-    result = finetune_folder(
-        job["data"],
-        job["init"],
-        job["out"],
-        minutes=(deadline - time.time()) / 60,
-        image_size=job["image_size"],
-        on_progress=lambda p: _emit(dataclasses.asdict(p)),
-        should_stop=stop.exists,
-        overrides=job.get("overrides"),
-    )
+        refuse(e)
+    release_memory()  # decoding's freed pages go back before the model comes: their peaks do not add up
+    try:
+        result = finetune_folder(
+            job["data"],
+            job["init"],
+            job["out"],
+            minutes=(deadline - time.time()) / 60,
+            image_size=job["image_size"],
+            strategy=job.get("strategy", "auto"),  # "auto" from the server; benchmarks force the others
+            on_progress=lambda p: _emit(dataclasses.asdict(p)),
+            should_stop=stop.exists,
+            overrides=job.get("overrides"),
+            within_budget=True,
+        )
+    except BudgetTooShort as e:
+        refuse(e)
     fields = ("complete", "classes", "train_images", "val_images", "val_accuracy", "temperature", "ood_threshold")
     fields += ("steps", "strategy", "strategy_reason", "details")  # details: for the result page (held_out.py)
-    _emit({"result": {name: getattr(result, name) for name in fields}})
+    _emit({"result": {name: getattr(result, name) for name in fields}, "peak_bytes": peak_bytes()})
+    _exit(0)
+
+
+def _exit(status: int) -> None:
+    """End now, everything written (the run folder's files are committed, the reports flushed): the interpreter's
+    teardown of torch's modules took about 3 s here, inside the job's budget."""
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def peak_bytes() -> int:
+    """This process's peak resident memory so far (``ru_maxrss``: kilobytes on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 if __name__ == "__main__":

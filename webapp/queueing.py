@@ -7,6 +7,13 @@ served round robin by client (behind a proxy, by address; else by session): a re
 that are as many places into their own client's line as it is into its own, so a newcomer waits for at most one
 request of each other client.
 
+**Cancels of one's own events only** (``OwnCancels``). Gradio's own cancel route (``POST /gradio_api/cancel``: a
+session hash, a listener's index and an event id) cancels the running event of that session and listener, and
+removes the event named from the queue, whoever asks; a session hash is the client's to send, so any REST caller
+naming another visitor's could stop its training or classify. A cancel that would reach an event queued from
+another address (``client_ip``: the Train tab's Cancel button has the same rule) is refused (403) before Gradio
+reads it.
+
 **Bounded uploads** (``UploadLimits``, with Gradio's own ``max_file_size`` per file). An upload must declare
 its length, at most ``max_bytes`` in all, and leave ``MIN_FREE_DISK`` free on the disk it goes to; it is
 refused from its headers, before a byte of it is read.
@@ -15,6 +22,7 @@ refused from its headers, before a byte of it is read.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import tempfile
@@ -24,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
+from starlette.requests import Request
 
 from .admission import MB
+from .bodies import refuse
 from .errors import log
 
 MIN_FREE_DISK = 1 << 30  # uploads that would leave less free on their disk are refused
@@ -157,6 +167,56 @@ class ClientLimits:
                 return
             depth[key] += 1
         line.queue.append(event)
+
+
+class OwnCancels:
+    """ASGI middleware for Gradio's cancel route (see the module's docstring): a cancel that would reach an event of
+    another address is refused (403); any other goes on to Gradio (``blocks``: the app, whose queue is read)."""
+
+    def __init__(self, app: Callable, blocks: gr.Blocks) -> None:
+        self.app, self.blocks = app, blocks
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith("/cancel"):
+            await self.app(scope, receive, send)
+            return
+        chunks, more = [], True
+        while more:  # at most ``bodies.MAX_JSON_BYTES``: ``BodyLimits`` read it first
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False) and message["type"] == "http.request"
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        queue = getattr(self.blocks, "_queue", None)
+        if queue is not None and _reaches_another(queue, body, client_ip(Request(scope))):
+            log.info("refused a cancel of an event another address queued")
+            await refuse(send, 403, "Only the client that started an event can cancel it.")
+            return
+        await self.app(scope, replay, send)
+
+
+def _reaches_another(queue: Any, body: bytes, address: str) -> bool:
+    """Whether the cancel ``body`` names an event, or the running listener of a session, that a client other
+    than ``address`` queued."""
+    try:
+        asked = json.loads(body)
+    except ValueError:
+        return False  # Gradio refuses it (422)
+    if not isinstance(asked, dict):
+        return False
+    session, fn, event = asked.get("session_hash"), asked.get("fn_index"), asked.get("event_id")
+    for queued, _ in ClientLimits._events(queue):
+        reached = queued._id == event or (queued.session_hash == session and getattr(queued.fn, "_id", None) == fn)
+        if reached and (queued.request is None or client_ip(queued.request) != address):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------------------------------- uploads

@@ -53,12 +53,12 @@ from .trained import PRIVATE_PREFIX, Trained, caller
 REFUSED = 3  # the worker's exit status for a job refused with a sentence (``finetune_worker.REFUSED``)
 
 TTL_S = 3600.0  # a public server keeps a visitor's trained model this long
-GRACE_S = 180.0  # beyond its budget, a job may take this long (start, decoding, calibration) before it is killed
+GRACE_S = 180.0  # beyond its budget, a job may take this long before it is killed (its budget covers all it does)
 SWEEP_EVERY_S = 300.0
 ZIP_SKIPPED = {CHECKPOINT_NAME}  # the optimizer's state: twice the model, and of no use to a download
-# what "try again in N min" counts after a job's budget (its calibration and writing) until this server has seen
-# one calibrate; then the longest it has measured (never past the kill at GRACE_S)
-CALIBRATION_S = 60.0
+# what "try again in N min" counts after a job's budget: its process's start (the budget runs from there) and what
+# the estimate of its calibration missed; 30 s until this server has seen a job end, then the longest it measured
+OVERRUN_S = 30.0
 FOLDER_PREFIX = "vit-train-"
 GB = 1 << 30
 # What training may hold on a public server's disk: the run folders it serves (an hour each) and the running job's
@@ -84,7 +84,6 @@ class Job:
     out: Path
     address: str | None = None  # the starting caller's (None: started from Python)
     registered: bool = False  # its model is served: its run folder outlives the job
-    calibrating: float | None = None  # when it reported calibrating
     stop_file: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -118,7 +117,7 @@ class Trainer:
         self._job: Job | None = None
         self._sweeper: threading.Thread | None = None
         self.capped = ttl is not None  # what training holds is capped (a public server's)
-        self.calibration_s = CALIBRATION_S
+        self.overrun_s = OVERRUN_S
 
     @classmethod
     def for_server(cls, models: Models) -> Trainer:
@@ -154,18 +153,11 @@ class Trainer:
             return self._job
 
     def left(self, job: Job) -> float:
-        """Seconds until ``job`` is expected to end: its budget (decoding included), then its calibration (the
-        longest measured here, ``calibration_s``), never past the kill at ``GRACE_S``."""
+        """Seconds until ``job`` is expected to end: its budget, which covers all it does (reading the photos,
+        training, calibrating, writing), then the longest a job overran its budget here (``overrun_s``: its
+        process's start, the estimate's error), never past the kill at ``GRACE_S``."""
         now, end = self.clock(), job.started + 60 * job.minutes
-        expected = (job.calibrating or max(end, now)) + self.calibration_s
-        return min(expected, end + GRACE_S) - now
-
-    def observe(self, job: Job, report: dict) -> None:
-        """Follow ``job``'s reports: when it calibrates, and how long that took (for ``left``)."""
-        if report.get("phase") == "calibrating" and job.calibrating is None:
-            job.calibrating = self.clock()
-        elif "result" in report and job.calibrating is not None:
-            self.calibration_s = max(self.calibration_s, self.clock() - job.calibrating)
+        return min(max(end, now) + self.overrun_s, end + GRACE_S) - now
 
     def _check_room(self, address: str | None) -> None:
         free = shutil.disk_usage(self.root).free
@@ -187,7 +179,9 @@ class Trainer:
     def finish(self, job: Job) -> None:
         """Give the slot back and sweep the job's folders, however it ended: the photos, the job's own files
         and the download's zip go, and the run folder's ``checkpoint.pt``; the run folder stays only when its
-        model is served (``register``)."""
+        model is served (``register``). How long it ran past its budget is measured for ``left``."""
+        overrun = self.clock() - (job.started + 60 * job.minutes)
+        self.overrun_s = min(max(self.overrun_s, overrun), GRACE_S)
         keep = job.out.resolve() if job.registered else None
         if keep is not None:
             (job.out / CHECKPOINT_NAME).unlink(missing_ok=True)
@@ -215,8 +209,9 @@ class Trainer:
             job.cancel()
         return job is not None
 
-    def run(self, job: Job, init: str, image_size: int | None) -> Iterator[dict]:
-        """Train in a process of its own, yielding its reports (``Progress`` fields, then ``{"result": ...}``).
+    def run(self, job: Job, init: str, image_size: int | None, strategy: str = "auto") -> Iterator[dict]:
+        """Train in a process of its own, yielding its reports (``Progress`` fields, then ``{"result": ...}``);
+        ``strategy``: ``finetune_folder``'s (the app's is "auto"; a benchmark forces the others).
         A process that outlives its budget and ``GRACE_S`` is killed; so is one whose reader stops (the page
         closed: the generator is closed). ``RuntimeError`` when it fails (its log goes to the server's)."""
         spec = dict(
@@ -227,6 +222,7 @@ class Trainer:
             image_size=image_size,
             threads=self.threads,
             stop_file=str(job.stop_file),
+            strategy=strategy,
         )
         (job.folder / "job.json").write_text(json.dumps(spec))
         env = os.environ | {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
@@ -239,7 +235,8 @@ class Trainer:
         try:
             for line in proc.stdout:
                 report = json.loads(line)
-                self.observe(job, report)
+                if "peak_bytes" in report:
+                    log.info("training job: the process's peak RSS %.0f MB", report["peak_bytes"] / 2**20)
                 if "error" in report:
                     refusal = str(report["error"])
                     continue

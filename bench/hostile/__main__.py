@@ -22,7 +22,8 @@ Round three (``bench/hostile/round3.py``, issue 57; ``--only round3`` runs it al
 /train; Cancel while a job decodes 100 36 MP PNGs; the smallest training set (2 classes of 2 photos); ten jobs of
 mixed kinds then a restart (what training holds, ``vit-train-*`` folders left); 20 new sessions a second from one
 address; 200 addresses of one IPv6 /64 (the right-most X-Forwarded-For entry rotated) and a newcomer; two
-streams of one session. The innocent client has an address of its own (``attacks.INNOCENT``).
+streams of one session; Gradio's own cancel route naming a training visitor's session from another address.
+The innocent client has an address of its own (``attacks.INNOCENT``).
 
 For each: requests served / refused, the peak RSS above the idle baseline (VmHWM, reset before each case),
 the RSS ``--settle`` seconds later, another client's classify time during the attack against the same request
@@ -97,6 +98,7 @@ def _round3(raw: Raw, inputs: Inputs) -> list:
         ("20 new sessions/s from one address", lambda row: round3.case_new_sessions(raw, inputs, row), True),
         ("200 addresses of one IPv6 /64", lambda row: round3.case_ipv6(raw, inputs, row), True),
         ("two streams of one session", lambda row: round3.case_two_streams(raw, inputs, row), False),
+        ("Gradio's cancel route from another address", lambda row: round3.case_gradio_cancel(raw, inputs, row), False),
     ]
 
 
@@ -178,6 +180,7 @@ def report(
     upload = next((r for r in rows if r.case.startswith("1 GB")), None)
     sessions = next((r for r in rows if "new sessions/s" in r.case), None)
     ipv6 = next((r for r in rows if "IPv6" in r.case), None)
+    cancel = next((r for r in rows if "cancel route" in r.case), None)
     checks = {
         "alive through all, no OOM kill": all(r.alive for r in rows) and cgroup.oom_kills() == 0,
         "peak above baseline <= 1.5 GB for every burst": all(r.peak <= PEAK_TARGET for r in rows if r.burst),
@@ -199,6 +202,8 @@ def report(
         "a newcomer beside one IPv6 /64's 200 addresses served within 10 s": ipv6 is None
         or (ipv6.wait is not None and ipv6.wait <= 10),
         f"the {STALE_FILES:,} files of a dead process swept at start": stale == 0,
+        "Gradio's cancel route refused another address, the job done": cancel is None
+        or (cancel.served == 0 and "Done" in cancel.note),
     }
     print(
         f"\nbaseline {baseline / MB:,.0f} MB; OOM kills in the cgroup: {cgroup.oom_kills()}; "

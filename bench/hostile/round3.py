@@ -70,7 +70,8 @@ def _ending(job, timeout: float = 600) -> Result:
     t0 = time.perf_counter()
     try:
         out = job.result(timeout=timeout)
-        return Result(True, str(out[2] or out[0])[:120], time.perf_counter() - t0, list(out))
+        text = out[2] if isinstance(out[2], str) and out[2] else out[0]  # the result, else the progress line
+        return Result(True, str(text)[:120], time.perf_counter() - t0, list(out))
     except Exception as e:
         return Result(False, str(e).splitlines()[-1][:160], time.perf_counter() - t0)
 
@@ -142,8 +143,8 @@ def case_jobs_restart(raw: Raw, inputs: Inputs, row: Row) -> None:
         time.sleep(3.0 + i)
         client.predict(api_name="/train_cancel")
         endings.append(_ending(job))
-    for r in endings:
-        row.add(r)
+    for r in endings:  # served: trained; refused: busy, a refused zip, cancelled
+        row.add(r if r.ok and "Done" in r.message else Result(False, r.message, r.seconds))
     held = _bytes(raw.app.tmpdir)
     raw.app.restart()
     left = list(raw.app.tmpdir.glob("vit-train-*"))
@@ -270,3 +271,21 @@ def case_two_streams(raw: Raw, inputs: Inputs, row: Row, n: int = 10) -> None:
             row.add(pool.submit(rest, session, answered).result())
             streamed.result()
     row.note = f"{n} sessions read by two streams"
+
+
+def case_gradio_cancel(raw: Raw, inputs: Inputs, row: Row) -> None:
+    """Gradio's own cancel route (``/gradio_api/cancel``) naming a training visitor's session hash and the /train
+    listener, from another address, while the job trains: refused (403) by ``queueing.OwnCancels``, and the
+    visitor's job ends done (before, Gradio cancelled it and the visitor never had an answer)."""
+    owner = _client(raw, "198.51.100.120")
+    job = _train(owner, zip_of_photos(inputs, 4), minutes=0.2)
+    deadline = time.time() + 300
+    while not any(str(u[0]).startswith(("Training", "Reading", "Plan")) for u in job.outputs()):
+        if job.done() or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    body = {"session_hash": owner.session_hash, "fn_index": raw.app.fn["train"], "event_id": "0" * 32}
+    r = httpx.post(f"{raw.base}/cancel", json=body, headers={"X-Forwarded-For": ATTACKER}, timeout=60)
+    row.add(Result(r.status_code == 200, f"HTTP {r.status_code}: {r.text[:100]}", 0))
+    ending = _ending(job)
+    row.note = f"the visitor's job: {ending.message[:70]}"

@@ -40,6 +40,7 @@ from ..training.evaluation import calibrate_model, evaluate, write_eval
 from ..training.progress import Hooks, StepInfo
 from ..training.recipe import Recipe, RecipeError
 from ..training.run_folder import commit
+from .budget import finish_seconds, training_seconds
 from .held_out import card_section, held_out_details, held_out_files
 from .lpft import FeatureNet, FeaturePairs, Strategy, cache_features, choose_strategy, fit_probe, measure_speed
 
@@ -160,6 +161,7 @@ def finetune_folder(
     overrides: dict[str, Any] | None = None,
     overwrite: bool = False,
     progress_bar: bool = False,
+    within_budget: bool = False,
 ) -> FinetuneResult:
     """Fine-tune ``init`` on the folder ``data`` (``data/<class>/<images>``) within ``minutes`` of training
     (None: ``epochs`` of ``overrides``, 100 by default), writing the run folder ``out``; see the module's docstring.
@@ -170,7 +172,9 @@ def finetune_folder(
     the patch size, so the sequence grows and the position embeddings are interpolated (paper section 3.2).
     ``val_fraction``: the share of each class held out for the validation accuracy and the calibration.
     ``overrides``: other recipe keys (``vit_core.training.recipe.Recipe``). ``overwrite``: write into a folder that is
-    not empty. ``on_progress`` and ``should_stop`` are called in this thread, from the training loop."""
+    not empty. ``on_progress`` and ``should_stop`` are called in this thread, from the training loop.
+    ``within_budget``: ``minutes`` covers the whole call, calibration and writing included (``finetune.budget``:
+    training gets what their estimate leaves; ``BudgetTooShort`` before training when that is nothing)."""
     if strategy not in STRATEGIES:
         raise RecipeError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     t0 = time.time()
@@ -186,8 +190,9 @@ def finetune_folder(
             for path in out.glob(pattern):
                 path.unlink()
     plan, features = Strategy("full", 0, 0, "no time budget: the recipe's epochs fine-tune the whole model", 0), None
-    if strategy != "full" and (recipe.budget_minutes is not None or strategy != "auto"):
-        plan, recipe, features = _probe_first(recipe, out, strategy, t0, report)
+    timed = recipe.budget_minutes is not None
+    if (within_budget and timed) or (strategy != "full" and (timed or strategy != "auto")):
+        plan, recipe, features = _probe_first(recipe, out, strategy, t0, report, within_budget and timed)
     watch = _Watch(report, t0, recipe, plan)
     if plan.name == "probe":
         result = features.result
@@ -226,24 +231,28 @@ def finetune_folder(
 
 
 def _probe_first(
-    recipe: Recipe, out: Path, strategy: str, t0: float, report: Callable[[Progress], None]
+    recipe: Recipe, out: Path, strategy: str, t0: float, report: Callable[[Progress], None], whole: bool = False
 ) -> tuple[Strategy, Recipe, ProbeFeatures | None]:
     """Measure, choose, and for "lp-ft" and "probe" fit the linear probe on cached features (Kumar et al. 2022).
     Returns the strategy, the recipe the engine then runs ("lp-ft": from the probe's checkpoint, its head kept,
     the first blocks frozen, on what is left of the budget) and, for "probe", what ``finish_run`` calibrates
-    from (``ProbeFeatures``)."""
+    from (``ProbeFeatures``). ``whole``: the budget covers what follows the training too (``finetune.budget``)."""
     model = load_init(recipe.init, **recipe.model_args)
     depth, budget = len(model.blocks), 60 * (recipe.budget_minutes or 0.0)
-    if strategy == "auto":  # timed before any photo is decoded: "full" leaves that to the engine
-        kept, held = stratified_split(build_dataset(recipe.data, "train").targets, recipe.val_fraction)
-        speed = measure_speed(model, model.config.img_hw)
+    kept, held = stratified_split(build_dataset(recipe.data, "train").targets, recipe.val_fraction)
+    speed = measure_speed(model, model.config.img_hw) if strategy == "auto" or whole else None
+    if whole:  # training ends when what follows it must start (timed before any photo is decoded)
+        after = finish_seconds(speed.forward_s, len(kept), len(held), sum(p.numel() for p in model.parameters()))
+        budget = time.time() - t0 + training_seconds(budget - (time.time() - t0), after)
+    if strategy == "auto":  # "full" leaves the decoding to the engine
         left = budget - (time.time() - t0)
         plan = choose_strategy(speed, len(kept), len(held), depth, left, recipe.batch_size)
     else:  # forced: LP-FT fine-tunes every block after the probe
         plan = Strategy(strategy, depth if strategy == "lp-ft" else 0, 2, f"{strategy} was asked for", 0)
     report(Progress("features", total_steps=plan.steps, elapsed_s=time.time() - t0, strategy=plan.reason))
-    if plan.name == "full":
-        return plan, recipe, None
+    if plan.name == "full":  # within the whole budget: what is left (the engine's decoding is in ``after``)
+        left = max(budget - (time.time() - t0), 1.0) / 60
+        return plan, Recipe.from_dict(recipe.to_dict() | dict(budget_minutes=left)) if whole else recipe, None
     train_set, held_out = build_datasets(recipe, model.config.pretrained_cfg())
     net = build_network(recipe, model, list(train_set.classes), train_set)
     plain_tf = build_transform(net.pretrained_cfg)

@@ -16,7 +16,7 @@ and is deleted after an hour, and there is no Hub push.
 
 from __future__ import annotations
 
-import math
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +26,7 @@ import pandas as pd
 import vit_core
 
 from .. import estimates
-from ..admission import MB
+from ..archives import zip_directory
 from ..errors import sentence
 from ..estimates import request_only
 from ..train_result import confusion_image, keep_misclassified, summary
@@ -38,9 +38,6 @@ from ..ui.endpoints import Api, Page, Tab
 from ..ui.inputs import PathFile
 
 TITLE = "Train"
-# the training process before its images: torch, the model, a batch (the bundled model on 80 photos: 1.06 GB RSS)
-WORKER_BYTES = 1024 * MB
-BATCH = 32  # vit_core.finetune.FINETUNE_RECIPE's batch
 MAX_DOUBLED = 224  # the largest input "twice the size" may ask for (a CPU trains 448 px far too slowly)
 UPDATE_S = 2.0  # the page gets at most one update this often while training
 CURVE_AXES = dict(x_title="training step", y_title="training loss")  # the loss curve's axes
@@ -59,18 +56,17 @@ def limits_of(ctx: Context) -> Limits:
 
 
 def estimate(ctx: Context, arguments: dict) -> int:
-    """The training process: its start, the model with its gradients and SGD's momentum, a batch's
-    activations (forward and backward), and the largest training set the limits allow, decoded (uint8)."""
+    """The request and its training process (``estimates.training_bytes``) for ``images`` photos (the zip's
+    entries; without them, the most the limits allow) on the chosen model, at twice its input size with
+    ``double_size``."""
+    images = min(arguments.get("images") or limits_of(ctx).max_images, limits_of(ctx).max_images)
     model, _ = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
     if model is None:
-        return estimates.REQUEST_BYTES + WORKER_BYTES
+        return estimates.REQUEST_BYTES + estimates.WORKER_BYTES
     cfg = model.config
     if arguments.get("double_size"):
         cfg = cfg.replace(img_size=2 * cfg.img_size)
-    side = math.ceil(cfg.img_size * 1.15)  # decoded at the eval transform's resize, before its crop
-    images = limits_of(ctx).max_images * 3 * side * side
-    weights = 3 * 4 * model.num_params()
-    return estimates.REQUEST_BYTES + WORKER_BYTES + weights + 3 * estimates.forward_bytes(cfg, BATCH) + images
+    return estimates.REQUEST_BYTES + estimates.training_bytes(cfg, model.num_params(), images)
 
 
 def _curve(points: list[dict]) -> pd.DataFrame:
@@ -149,20 +145,37 @@ def _checked(
         job = trainer.start(session or "api", minutes)
     except TrainingBusy as e:
         raise gr.Error(str(e), print_exception=False) from None
+    entries = _entries(photos)  # the gate reserves for these photos; a zip holding more is refused (``_train``)
     try:
-        with ctx.held(estimate, model_choice=model_choice, double_size=double_size):
-            yield from _train(ctx, job, photos, source.source, size, limits)
+        with ctx.held(estimate, model_choice=model_choice, double_size=double_size, images=entries):
+            yield from _train(ctx, job, photos, source.source, size, limits, entries)
     finally:
         trainer.finish(job)
 
 
-def _train(ctx: Context, job: Job, photos: str, init: str, size: int | None, limits: Limits) -> Iterator:
+def _entries(photos: str) -> int | None:
+    """The entries the zip declares (its end record, read from its last bytes): at least its photos; None when it
+    has no readable record (``from_zip`` then says what is wrong)."""
+    try:
+        declared = zip_directory(Path(photos))
+    except (OSError, struct.error):
+        return None
+    return declared[0] if declared is not None else None
+
+
+def _train(
+    ctx: Context, job: Job, photos: str, init: str, size: int | None, limits: Limits, entries: int | None
+) -> Iterator:
     trainer = ctx.trainer
     skip = gr.skip()
     try:
         found = from_zip(photos, job.data, limits)
     except ValueError as e:
         raise gr.Error(sentence(str(e)), print_exception=False) from None
+    if entries is not None and sum(found.counts.values()) > entries:  # its end record lied: the estimate too
+        what = f"{entries:,} {'entry' if entries == 1 else 'entries'}"
+        lie = f"The zip's directory declares {what} but holds more photos."
+        raise gr.Error(lie, print_exception=False)
     hidden = gr.update(value=None, visible=False)
     yield f"{found.text()}. Starting…", _plot([]), "", hidden, skip, hidden, hidden, None, []
     points, last, result = [], 0.0, None
@@ -230,8 +243,9 @@ def build(ctx: Context, page: Page) -> Tab:
     gr.Markdown(
         "Fine-tune the model in use (the picker above) on your own photos: a **zip with one folder per class** "
         f"(`ants/1.jpg`, `bees/7.jpg`, …). Limits: {limits.text()}. A fifth of each class is held out to "
-        "measure and calibrate the new model, which the picker then switches to. The training time covers reading "
-        f"your photos and training; calibrating on the held-out photos follows it. {keep}"
+        "measure and calibrate the new model, which the picker then switches to. The training time covers the whole "
+        "job once its process has started (a few seconds): reading your photos, training, calibrating on the held-out "
+        f"photos and saving the model; a job too large to calibrate in it is refused before it trains. {keep}"
     )
     with gr.Row():
         photos = PathFile(  # no empty copy left in Gradio's cache per job
