@@ -125,7 +125,7 @@ def run_job(name: str, spec: Spec, folder: Path, threads: int) -> dict:
         ending = f"refused: {e}"
     whole = time.time() - t0
     trainer.finish(job)
-    images = sum(found.counts.values())
+    images = found.images
     return dict(
         job=name,
         photos=images,

@@ -4,6 +4,7 @@ a model without one behaving as before, ``train calibrate`` / ``train eval`` on 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -23,7 +24,17 @@ from vit_core.calibration import (
     ood,
     predict,
 )
-from vit_core.calibration.ood import OODDetector, auroc, fit_statistics, fpr_at_tpr, ood_scores, threshold_for
+from vit_core.calibration.ood import (
+    KEEP_RANGE,
+    OODDetector,
+    auroc,
+    choose_with_others,
+    fit_statistics,
+    fpr_at_tpr,
+    ood_scores,
+    threshold_for,
+    threshold_with_others,
+)
 from vit_core.data import InMemoryImageDataset, build_dataset, build_transform, class_subset, fixed_subset
 from vit_core.io.calibration_file import OOD_NAME, write_calibration
 from vit_core.io.model_card import render_model_card
@@ -195,6 +206,53 @@ def test_auroc_and_fpr_are_their_pairwise_definitions():
     assert (inside <= t).double().mean() >= 0.95
     assert fpr_at_tpr(inside, outside) == pytest.approx(float(np.mean([o <= t for o in outside.tolist()])))
     assert auroc(inside, inside + 100) == 1.0 and auroc(inside, inside) == pytest.approx(0.5)
+
+
+def test_photos_of_other_things_set_the_threshold_that_gets_the_most_of_both_right():
+    """Against a brute force over every threshold between any two scores: the chosen one keeps a share of the
+    held-out scores within the range, and no threshold in range gets more of both right (kept + turned away)."""
+    g = torch.Generator().manual_seed(1)
+    for trial in range(20):
+        inside = torch.randn(40 + trial, generator=g, dtype=torch.float64)
+        others = torch.randn(10 + trial, generator=g, dtype=torch.float64) * 1.5 + trial / 8  # near, then far
+        t, kept = threshold_with_others(inside, others, 0.95)
+        assert kept == pytest.approx(float((inside <= t).double().mean()))
+        assert KEEP_RANGE[0] <= kept <= KEEP_RANGE[1]
+        values = sorted(set(inside.tolist() + others.tolist()))
+        grid = values + [(a + b) / 2 for a, b in itertools.pairwise(values)]
+        best = max(
+            float((inside <= u).double().mean() + (others > u).double().mean())
+            for u in grid
+            if KEEP_RANGE[0] <= float((inside <= u).double().mean()) <= KEEP_RANGE[1]
+        )
+        assert float((inside <= t).double().mean() + (others > t).double().mean()) == pytest.approx(best)
+    # others far above every held-out score: all turned away whatever the threshold, so it keeps the most it may
+    inside = torch.arange(100, dtype=torch.float64)
+    t, kept = threshold_with_others(inside, inside + 1000, 0.95)
+    assert kept == pytest.approx(KEEP_RANGE[1], abs=0.01) and t < 1000
+    # others among the held-out scores, one each: no threshold turns away more than it drops; ties: nearest 95%
+    t, kept = threshold_with_others(inside, inside + 0.5, 0.95)
+    assert kept == pytest.approx(0.95, abs=0.01)
+    # others among the 8% highest held-out scores: the threshold goes down to turn them away, to the range's end
+    t, kept = threshold_with_others(inside, torch.tensor([95.5, 96.5, 97.5, 98.5]), 0.95)
+    assert t == 95 and kept == pytest.approx(0.96)  # 0 to 95 kept, all four turned away
+    t, kept = threshold_with_others(inside, torch.tensor([92.5, 93.5, 94.5, 95.5, 96.5]), 0.95)
+    assert t == 94 and kept == pytest.approx(KEEP_RANGE[0])  # no lower: 95% kept at least
+
+
+def test_photos_of_other_things_choose_the_score_with_half_of_them_and_the_rest_measure_it():
+    """Score "a" tells the even-indexed photos of other things from the held-out images, "b" the odd ones: the
+    even ones choose, so "a" is chosen, and the odd ones, which "a" does not separate, measure it."""
+    g = torch.Generator().manual_seed(2)
+    inside = {"a": torch.randn(60, generator=g, dtype=torch.float64), "b": torch.randn(60, generator=g).double()}
+    near, far = torch.randn(20, generator=g).double(), torch.randn(20, generator=g).double() + 10
+    others = {"a": torch.stack([far, near], 1).flatten(), "b": torch.stack([near, far], 1).flatten()}
+    c = choose_with_others(inside, others, 0.95)
+    assert c.score == "a" and c.others_auroc == 1.0 and (c.others, c.others_measured) == (40, 20)
+    assert c.others_turned_away == pytest.approx(float((near > c.threshold).double().mean()))
+    assert (c.threshold, c.kept) == threshold_with_others(inside["a"], far, 0.95)
+    one = choose_with_others({"a": inside["a"]}, {"a": far[:1]}, 0.95)  # one photo: it chooses and measures
+    assert (one.others, one.others_measured, one.others_turned_away) == (1, 1, 1.0)
 
 
 def test_vim_matches_the_papers_reference_code():

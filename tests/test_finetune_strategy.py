@@ -1,6 +1,7 @@
 """Fine-tuning that fits its budget (``finetune.lpft``): the strategy chosen from the measured speed, the probe's
 cached features and its fit, the probe's calibration from those features, LP-FT's frozen blocks; and the command
-line's budget ETA, the missing bundled model and a temperature the held-out images cannot set."""
+line's budget ETA, the missing bundled model and a temperature the held-out images cannot set; photos of other
+things (an ``_other`` folder) setting the "none of my classes" threshold."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 import vit_core
 from train.__main__ import main as train_main
-from vit_core.calibration import MIN_TEMPERATURE, at_search_edge, fit_temperature
+from vit_core.calibration import MIN_TEMPERATURE, at_search_edge, fit_temperature, predict
+from vit_core.calibration.ood import OTHERS_SCORES
 from vit_core.data import build_transform, load_image
 from vit_core.finetune import PROBE_NAME, Progress, finetune_folder
+from vit_core.finetune.held_out import held_out_files
 from vit_core.finetune.lpft import FeatureNet, FeaturePairs, Speed, cache_features, choose_strategy, fit_probe
 from vit_core.training.evaluation import calibrate_model
 from vit_core.training.progress import ProgressLine
@@ -206,3 +210,41 @@ def test_the_command_line_fine_tunes_a_folder_with_the_strategy_asked_for(folder
     assert json.loads((out / "recipe.json").read_text())["budget_minutes"] == 2
     assert vit_core.from_pretrained(out).calibration.ood is not None
     assert "Strategy: probe" in (out / "README.md").read_text()
+
+
+def test_photos_of_other_things_are_no_class_and_set_the_threshold(folder, tmp_path):
+    """A folder ``_other`` of green squares next to the blue and red classes: no class of the model, for the probe
+    and for whole-model fine-tuning; every other one of its photos sets the threshold, and the saved model's own
+    answers (``predict``) turn away the share of the rest that the details say, keeping the share they say of the
+    held-out photos."""
+    data = tmp_path / "data"
+    shutil.copytree(folder / "train", data)
+    (data / "_other").mkdir()
+    g = torch.Generator().manual_seed(5)
+    for i in range(12):
+        img = torch.rand(12, 12, 3, generator=g) * 0.5
+        img[..., 1] += 0.5
+        Image.fromarray((img * 255).byte().numpy()).save(data / "_other" / f"{i:02d}.png")
+    for strategy in ("probe", "full"):
+        out = tmp_path / strategy
+        r = finetune_folder(data, folder / "init", out, minutes=None, strategy=strategy, overrides=QUICK)
+        assert r.classes == ["blue", "red"] and r.train_images + r.val_images == 48
+        d = r.details
+        assert (d["others"], d["others_measured"]) == (12, 6)  # kept: below (10 held out: none of 95-98%)
+        model = vit_core.from_pretrained(out).eval()
+        tf = build_transform(model.pretrained_cfg)
+
+        def scores(paths: list[Path], model=model, tf=tf) -> torch.Tensor:
+            return predict(model, torch.stack([tf(load_image(p)) for p in paths])).ood_score
+
+        threshold = model.calibration.ood.threshold
+        assert (
+            threshold == pytest.approx(r.ood_threshold)
+            and "6 photos of other things" in model.calibration.ood.fitted_on
+        )
+        measures = scores(sorted((data / "_other").iterdir())[1::2])
+        assert float((measures > threshold).double().mean()) == pytest.approx(d["others_turned_away"])
+        held = scores([data / f for f in held_out_files(str(data), 0.2)])
+        assert abs(float((held <= threshold).double().mean()) - d["kept"]) <= 1 / len(held) + 1e-9  # one at the edge
+        assert d["score"] in OTHERS_SCORES and model.calibration.ood.score == d["score"]
+        assert f"6 of 12 photos of other things chose the {d['score']} score" in (out / "README.md").read_text()

@@ -65,6 +65,20 @@ def test_decoding_stops_at_the_stop_flag_and_the_deadline(tmp_path):
         decode_folder(tmp_path / "d", lambda: False, deadline=100.0, clock=lambda: 101.0)
 
 
+def test_a_folder_of_other_things_is_no_class_and_not_counted_as_one(tmp_path):
+    """``_other`` (any case) holds photos of none of the classes: kept apart, outside the class limit and the
+    two-class minimum, said in the summary line, and decoded with the classes."""
+    members = {f"c{i % 2}/{i}.png": _png(40) for i in range(4)} | {f"_Other/{i}.png": _png(40) for i in range(3)}
+    found = from_zip(make_zip(tmp_path / "p.zip", members), tmp_path / "d", Limits(10, 2, 1, 1))
+    assert found.counts == {"c0": 2, "c1": 2} and found.others == 3 and found.images == 7
+    assert "4 images in 2 classes" in found.text() and "3 photos of other things (_other)" in found.text()
+    decoded = decode_folder(tmp_path / "d", lambda: False, time.time() + 60)
+    assert decoded.others == 3 and len(list((tmp_path / "d" / "_other").glob("*.jpg"))) == 3
+    alone = {"c0/1.png": _png(40), "c0/2.png": _png(40)} | {f"_other/{i}.png": _png(40) for i in range(3)}
+    with pytest.raises(ValueError, match="at least 2 class folders"):
+        from_zip(make_zip(tmp_path / "q.zip", alone), tmp_path / "e", Limits(10, 2, 1, 1))
+
+
 def test_cancel_stops_a_job_while_it_decodes(ctx, tmp_path):  # noqa: F811
     """80 one-colour 3,000 x 3,000 PNGs take the training process ~12 s to decode here: Cancel, sent as soon as it
     reads them, ends the job within seconds with a sentence, and frees the slot and the job's folder."""

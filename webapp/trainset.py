@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from vit_core.data import load_image, read_header
+from vit_core.data.datasets import OTHER_FOLDER
 from vit_core.data.images import ImageDataError
 
 from .archives import read_zip, zip_directory
@@ -70,17 +71,23 @@ LOCAL = Limits(max_images=20_000, max_classes=20, max_minutes=30, max_zip_mb=256
 
 @dataclass
 class TrainSet:
-    """The folder written, its classes (sorted, as the dataset orders them) with their image counts, and the
-    members skipped with why."""
+    """The folder written, its classes (sorted, as the dataset orders them) with their image counts, the
+    members skipped with why, and the photos of other things (the folder ``_other``: none of the classes)."""
 
     folder: Path
     counts: dict[str, int]
     skipped: list[str]
+    others: int = 0
+
+    @property
+    def images(self) -> int:
+        return sum(self.counts.values()) + self.others
 
     def text(self) -> str:
         counts = ", ".join(f"{name} ({n})" for name, n in self.counts.items())
+        others = f"; {self.others:,} photos of other things ({OTHER_FOLDER})" if self.others else ""
         more = f"; {len(self.skipped)} files skipped (e.g. {self.skipped[0]})" if self.skipped else ""
-        return f"{sum(self.counts.values()):,} images in {len(self.counts)} classes: {counts}{more}"
+        return f"{sum(self.counts.values()):,} images in {len(self.counts)} classes: {counts}{others}{more}"
 
 
 def class_name(text: str) -> str | None:
@@ -92,11 +99,13 @@ def class_name(text: str) -> str | None:
 
 def class_of(member: str) -> str | None:
     """The class of an archive member: the folder that holds it (``ants/1.jpg``, ``photos/ants/1.jpg``); None
-    for an image at the archive's top level or in a folder that names no class."""
+    for an image at the archive's top level or in a folder that names no class. ``OTHER_FOLDER`` (any case) for
+    the photos of other things."""
     parts = PurePosixPath(member).parts
     if len(parts) < 2 or any(p in IGNORED_FOLDERS for p in parts):
         return None
-    return class_name(parts[-2])
+    name = class_name(parts[-2])
+    return OTHER_FOLDER if name is not None and name.lower() == OTHER_FOLDER else name
 
 
 def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
@@ -119,7 +128,7 @@ def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
         if data is None or name is None:
             skipped.append(f"{item.name}: {item.error or 'not inside a class folder'}")
             continue
-        if name not in counts and len(counts) == limits.max_classes:
+        if name not in counts and name != OTHER_FOLDER and len(counts) == limits.max_classes:
             raise ValueError(f"More than {limits.max_classes} classes (folders) in the zip.")
         try:
             w, h = read_header(io.BytesIO(data), MAX_PIXELS).decoded_size(max_side=MAX_SIDE)
@@ -139,7 +148,7 @@ def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
         (folder / f"{counts[name]:05d}{RAW}").write_bytes(data)
         counts[name] += 1
     declared = zip_directory(path)  # its entries, for a refusal that says what the zip held
-    return _checked(TrainSet(dest, dict(sorted(counts.items())), skipped), limits.min_per_class, declared)
+    return _checked(_found(dest, counts, skipped), limits.min_per_class, declared)
 
 
 def decode_folder(
@@ -167,7 +176,12 @@ def decode_folder(
             image.save(raw.with_suffix(".jpg"), quality=95)
             counts[raw.parent.name] += 1
         raw.unlink()
-    return _checked(TrainSet(folder, dict(sorted(counts.items())), skipped), min_per_class)
+    return _checked(_found(folder, counts, skipped), min_per_class)
+
+
+def _found(folder: Path, counts: Counter[str], skipped: list[str]) -> TrainSet:
+    others = counts.pop(OTHER_FOLDER, 0)
+    return TrainSet(folder, dict(sorted(counts.items())), skipped, others)
 
 
 def _checked(found: TrainSet, min_per_class: int, declared: tuple[int, int] | None = None) -> TrainSet:

@@ -15,7 +15,8 @@ Datasets (``build_dataset(spec, split)``, ``datasets.py``) yield ``(image, label
   (``InMemoryImageDataset``; ``.subset(indices)`` carves out a validation split that stays fast).
 - a folder holding those formats' files (IDX files, CIFAR npz shards): recognised by the file names.
 - any other folder: class per sub-folder, as torchvision's ``ImageFolder``; a folder holding ``train/`` and
-  ``val/`` (or ``validation/``, ``test/``) is split that way, as timm does. Images decode on access.
+  ``val/`` (or ``validation/``, ``test/``) is split that way, as timm does. Images decode on access. A
+  sub-folder ``_other`` holds photos of none of the classes (``other_photos``), not a class.
 - ``"hf:<name>"``: a Hugging Face ``datasets`` dataset (optional package, needs the Hub or its cache).
 
 Transforms (``transforms.py``) take a PIL image, a uint8 (C, H, W) tensor or a uint8 (B, C, H, W) batch on
@@ -45,6 +46,7 @@ from .datasets import (
     build_dataset,
     decode_all,
     default_data_root,
+    other_photos,
 )
 from .images import (
     ImageDataError,
@@ -78,6 +80,7 @@ __all__ = [
     "index_subset",
     "load_image",
     "match_channels",
+    "other_photos",
     "read_header",
     "storage_transform",
     "stratified_split",

@@ -77,16 +77,21 @@ class InMemoryImageDataset(Dataset):
         return InMemoryImageDataset(self.images[idx], self.targets[idx], self.classes, self.transform)
 
 
+OTHER_FOLDER = "_other"  # a folder of photos of none of the classes, not a class (``other_photos``)
+
+
 class ImageFolderDataset(Dataset):
-    """torchvision's ImageFolder layout: ``root/<class>/**/<image>``, classes sorted by name.
+    """torchvision's ImageFolder layout: ``root/<class>/**/<image>``, classes sorted by name; hidden folders and
+    ``OTHER_FOLDER`` are not classes. ``classes``: the folders to read instead, in that order.
 
     Images are read with ``load_image`` on access; one that cannot be read raises ``ImageDataError`` naming
     the file. Without a transform an item is the image as a uint8 RGB (3, H, W) tensor.
     """
 
-    def __init__(self, root: Path, transform: Callable | None = None) -> None:
+    def __init__(self, root: Path, transform: Callable | None = None, classes: list[str] | None = None) -> None:
         self.root, self.transform = root, transform
-        self.classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        folders = (d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        self.classes = classes or sorted(name for name in folders if name != OTHER_FOLDER)
         if not self.classes:
             raise ImageDataError(
                 f"{root}: no class folders; expected {root}/<class name>/<image files>, or the MNIST-style IDX "
@@ -223,6 +228,17 @@ def _idx_classes(folder: Path) -> list[str] | None:
     if meta.is_file():
         return list(json.loads(meta.read_text())["classes"])
     return _FASHION_CLASSES if folder.name.lower().replace("_", "-") == "fashion-mnist" else None
+
+
+def other_photos(spec: str | Path, transform: Callable | None = None) -> ImageFolderDataset | None:
+    """The photos of none of the classes that a folder dataset's training split holds in ``OTHER_FOLDER``
+    (``<data>/_other/`` or ``<data>/train/_other/``), all labelled 0; None when it holds none. The fine-tuning
+    of a folder sets its "none of my classes" threshold with them (``ood.threshold_with_others``)."""
+    path = Path(spec).expanduser()
+    root = _split_folder(path, "train") if path.is_dir() else path
+    if not (root / OTHER_FOLDER).is_dir() or not _image_files(root / OTHER_FOLDER):
+        return None
+    return ImageFolderDataset(root, transform, classes=[OTHER_FOLDER])
 
 
 def _split_folder(path: Path, split: str) -> Path:

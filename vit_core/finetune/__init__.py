@@ -6,8 +6,11 @@ starting checkpoint gets a new zero-initialised head for the folder's classes (o
 position embeddings interpolated in 2D), ``engine.train`` trains it within a wall-clock budget (the schedule
 runs on the clock), then the held-out images calibrate the temperature and the "none of my classes" detector
 (``evaluation.calibrate_model``) and measure the result (``eval_held-out_flip.json``), and the run folder gets its
-model card (``README.md``). It is the same code path as ``python -m train --recipe finetune_folder``, whose
-recipe is ``FINETUNE_RECIPE`` (``finish_run`` does the calibration and card there).
+model card (``README.md``). Photos of none of the classes in a folder ``_other`` (``data.other_photos``) are not a
+class: every other one of them helps set the detector's threshold (``ood.threshold_with_others``), the rest
+measure how many such photos it turns away (the ``details``' ``others_turned_away``). It is the same code path
+as ``python -m train --recipe finetune_folder``, whose recipe is ``FINETUNE_RECIPE`` (``finish_run`` does the
+calibration and card there).
 
 Progress comes through ``on_progress`` (``Progress``: phase, step, loss, held-out accuracy, time left), and
 ``should_stop`` cancels: training stops after the current step, the folder keeps the model as it was then,
@@ -26,7 +29,7 @@ from typing import Any
 import torch
 
 from ..calibration import at_search_edge
-from ..data import Batches, build_dataset, build_transform, stratified_split, with_transform
+from ..data import Batches, build_dataset, build_transform, other_photos, stratified_split, with_transform
 from ..figures import training_curves_figure
 from ..io.calibration_file import write_calibration
 from ..io.checkpoint import save_pretrained
@@ -37,12 +40,12 @@ from ..training import run_folder
 from ..training.builders import build_datasets, build_network, load_init
 from ..training.engine import TrainResult, train
 from ..training.evaluation import calibrate_model, evaluate, write_eval
-from ..training.progress import Hooks, StepInfo
 from ..training.recipe import Recipe, RecipeError
 from ..training.run_folder import commit
 from .budget import finish_seconds, training_seconds
 from .held_out import card_section, held_out_details, held_out_files
 from .lpft import FeatureNet, FeaturePairs, Strategy, cache_features, choose_strategy, fit_probe, measure_speed
+from .progress import Progress, Watch
 
 # What fine-tuning a small folder of photos (2-20 classes, tens to hundreds of images each) takes by default:
 # the recipe of `python -m train --recipe finetune_folder` (which adds the bundled model as init).
@@ -65,26 +68,12 @@ FINETUNE_RECIPE: dict[str, Any] = dict(
     channels_last=True,
 )
 STRATEGIES = ("auto", "full", "lp-ft", "probe")  # vit_core.finetune.lpft.Strategy's names, and "auto" to choose
+# the details of an ``_other`` folder's use (``ood.OthersChoice``)
+OTHERS_KEYS = ("others", "others_measured", "others_turned_away", "others_auroc", "score")
 PROBE_NAME = "linear_probe"  # LP-FT's first stage in the run folder: the model with the probe's head
 HELD_OUT_SPLIT = "held-out"  # eval_held-out_flip.json: the held-out images evaluated as predict() answers
 CARD_NAME = "README.md"
 _RESULT_FILES = ("README.md", "ood.safetensors", f"*_{HELD_OUT_SPLIT}*")  # globs
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What ``on_progress`` is told: after each training step, each epoch, and at each change of phase."""
-
-    phase: str  # "loading", "features" (measured; the probe's features next), "training", "calibrating", "done"
-    # or "cancelled"
-    step: int = 0  # optimizer steps done
-    total_steps: int | None = None  # the steps the budget is expected to allow (a rough guess before the first)
-    epoch: int = 0  # epochs finished
-    loss: float | None = None  # the last batch's training loss
-    val_accuracy: float | None = None  # top-1 (%) on the held-out images after the last finished epoch
-    elapsed_s: float = 0.0  # since finetune_folder was called
-    eta_s: float | None = None  # time left until the run folder is written, estimated
-    strategy: str | None = None  # the strategy chosen and why, one sentence (once chosen)
 
 
 @dataclass
@@ -111,13 +100,15 @@ class FinetuneResult:
 @dataclass
 class ProbeFeatures:
     """A probe's run, whose cached features stand in for the frozen model in ``finish_run`` (``lpft.FeatureNet``):
-    the held-out and training images' (plain, mirror) feature pairs, the views to calibrate for, and the run."""
+    the held-out and training images' (plain, mirror) feature pairs, the views to calibrate for, the run, and the
+    photos of other things' pairs (None without an ``_other`` folder)."""
 
     net: FeatureNet
     held_out: FeaturePairs
     fit: FeaturePairs
     tta: str | None
     result: TrainResult
+    others: FeaturePairs | None = None
 
 
 def finetune_recipe(
@@ -193,7 +184,7 @@ def finetune_folder(
     timed = recipe.budget_minutes is not None
     if (within_budget and timed) or (strategy != "full" and (timed or strategy != "auto")):
         plan, recipe, features = _probe_first(recipe, out, strategy, t0, report, within_budget and timed)
-    watch = _Watch(report, t0, recipe, plan)
+    watch = Watch(report, t0, recipe, plan)
     if plan.name == "probe":
         result = features.result
     else:
@@ -241,8 +232,10 @@ def _probe_first(
     depth, budget = len(model.blocks), 60 * (recipe.budget_minutes or 0.0)
     kept, held = stratified_split(build_dataset(recipe.data, "train").targets, recipe.val_fraction)
     speed = measure_speed(model, model.config.img_hw) if strategy == "auto" or whole else None
+    others = other_photos(recipe.data)
     if whole:  # training ends when what follows it must start (timed before any photo is decoded)
-        after = finish_seconds(speed.forward_s, len(kept), len(held), sum(p.numel() for p in model.parameters()))
+        params, n_others = sum(p.numel() for p in model.parameters()), 0 if others is None else len(others)
+        after = finish_seconds(speed.forward_s, len(kept), len(held), params, n_others)
         budget = time.time() - t0 + training_seconds(budget - (time.time() - t0), after)
     if strategy == "auto":  # "full" leaves the decoding to the engine
         left = budget - (time.time() - t0)
@@ -263,6 +256,11 @@ def _probe_first(
     held_plain = cache_features(net, held_out, desc="held-out")
     held_mirror = cache_features(net, held_out, mirror=True, desc="held-out mirrored") if plan.tta else held_plain
     held = FeaturePairs(held_plain, held_mirror, held_out.targets)
+    if others is not None:
+        others = other_photos(recipe.data, plain_tf)
+        other_plain = cache_features(net, others, desc="other photos")
+        other_mirror = cache_features(net, others, mirror=True, desc="other photos mirrored") if plan.tta else None
+        others = FeaturePairs(other_plain, other_plain if other_mirror is None else other_mirror, others.targets)
     labels = train_set.targets
     x, y = torch.cat(views), labels.repeat(len(views))
     weight, bias = fit_probe(x, y, len(train_set.classes))
@@ -282,7 +280,7 @@ def _probe_first(
     history = [row | dict(elapsed_s=time.time() - t0, stopped=None)]
     _write_probe_run(out, recipe, net, history)
     result = TrainResult(net.eval(), history, train_set, held_out)
-    return plan, recipe, ProbeFeatures(FeatureNet(net), held, fit, plan.tta, result)
+    return plan, recipe, ProbeFeatures(FeatureNet(net), held, fit, plan.tta, result, others)
 
 
 def _write_probe_run(out: Path, recipe: Recipe, net: VisionTransformer, history: list[dict[str, Any]]) -> None:
@@ -314,8 +312,9 @@ def finish_run(
     if calibrate:
         name = Path(recipe.data).name
         net, held, fit, tta = model, result.test_set, None, "flip"
+        others = other_photos(recipe.data, build_transform(model.pretrained_cfg))
         if features is not None:
-            net, held, fit, tta = features.net, features.held_out, features.fit, features.tta
+            net, held, fit, tta, others = features.net, features.held_out, features.fit, features.tta, features.others
         fit = fit or with_transform(result.train_set, build_transform(model.pretrained_cfg))
         calibration, fitted = calibrate_model(
             net,
@@ -325,6 +324,7 @@ def finish_run(
             held_out_name=f"the {len(result.test_set)} images held out of {name} (val_fraction {recipe.val_fraction})",
             fit_name=f"the {len(result.train_set)} training images of {name}",
             progress=progress,
+            others=others,
         )
         note = None
         if at_search_edge(calibration.temperature):
@@ -351,6 +351,7 @@ def finish_run(
         files = held_out_files(recipe.data, recipe.val_fraction)
         details = held_out_details(net, batches, files, classes)
         details |= {"ece": ev["ece"], "threshold": fitted.get("threshold"), "temperature_note": note}
+        details |= {key: fitted[key] for key in ("kept", *OTHERS_KEYS) if key in fitted}
         measured = {"top1": ev["top1"], "temperature": calibration.temperature, "threshold": fitted.get("threshold")}
         measured["details"] = details
     _, card = prepare_upload(out, out.name)
@@ -358,36 +359,3 @@ def finish_run(
         card += card_section(measured["details"], strategy)
     commit(out, {CARD_NAME: lambda f: f.write(card.encode())})
     return measured
-
-
-class _Watch:
-    """Turns the engine's hooks into ``Progress`` reports, with a time-left estimate: the steps' rate, but never
-    past what is left of the budget."""
-
-    def __init__(self, report: Callable[[Progress], None], t0: float, recipe: Recipe, plan: Strategy) -> None:
-        self.report, self.t0, self.plan = report, t0, plan
-        self.budget_s = None if recipe.budget_minutes is None else 60 * recipe.budget_minutes
-        self.step, self.loss, self.val, self.epoch, self.total, self.start = 0, None, None, 0, None, time.time()
-
-    def hooks(self, should_stop: Callable[[], bool] | None) -> Hooks:
-        return Hooks(on_step=self.on_step, on_epoch=self.on_epoch, should_stop=should_stop)
-
-    def on_step(self, info: StepInfo) -> None:
-        self.step, self.loss = info.step, info.loss
-        rate = info.elapsed_s / info.step  # seconds per step so far, evaluations included
-        total = info.total_steps if info.budget_s is None else min(info.total_steps, round(info.budget_s / rate))
-        self.total = max(total, info.step)
-        self.report(self.progress("training", rate * (self.total - info.step)))
-
-    def on_epoch(self, row: dict[str, Any]) -> None:
-        self.epoch, self.val = row["epoch"], row.get("test_top1")
-        rate = (time.time() - self.start) / max(self.step, 1)
-        self.report(self.progress("training", None if self.total is None else rate * (self.total - self.step)))
-
-    def progress(self, phase: str, left: float | None) -> Progress:
-        if left is not None and self.budget_s is not None:
-            left = min(left, max(self.budget_s - (time.time() - self.start), 0.0))
-        total = self.step if phase != "training" else self.total
-        elapsed = time.time() - self.t0
-        p = Progress(phase, self.step, total, self.epoch, self.loss, self.val, elapsed, left, self.plan.reason)
-        return p

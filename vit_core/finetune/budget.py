@@ -27,11 +27,12 @@ class BudgetTooShort(RecipeError):
     """A budget that cannot cover what follows the training, whatever the training; the message says so."""
 
 
-def finish_seconds(forward_s: float, train_images: int, held_out: int, params: int) -> float:
+def finish_seconds(forward_s: float, train_images: int, held_out: int, params: int, others: int = 0) -> float:
     """Seconds that what follows the training takes, estimated (see the module's docstring): ``forward_s`` a
-    forward pass of one image here, ``params`` the model's parameters."""
-    passes = (train_images + HELD_OUT_PASSES * held_out) * forward_s
-    decoding = (train_images + held_out) * DECODE_S
+    forward pass of one image here, ``params`` the model's parameters, ``others`` the photos of other things
+    (each and its mirror, decoded as they are read)."""
+    passes = (train_images + HELD_OUT_PASSES * held_out + 2 * others) * forward_s
+    decoding = (train_images + held_out + others) * DECODE_S
     return FINISH_MARGIN * (passes + decoding) + WRITE_S + 16 * params / WRITE_BYTES_PER_S
 
 

@@ -61,6 +61,7 @@ def card_section(details: dict[str, Any], strategy: str) -> str:
         + ("none" if threshold is None else f"{threshold:.4g}")
         + (f"; {details['temperature_note']}" if details.get("temperature_note") else "")
         + ".\n",
+        *([others_sentence(details) + "\n"] if details.get("others") else []),
         "| class | held-out accuracy | " + " | ".join(f"as {c}" for c in classes) + " |",
         "|---|---:|" + "---:|" * len(classes),
     ]
@@ -75,3 +76,14 @@ def card_section(details: dict[str, Any], strategy: str) -> str:
     if len(wrong) > MAX_LISTED:
         lines.append(f"- and {len(wrong) - MAX_LISTED} more")
     return "\n".join(lines) + "\n"
+
+
+def others_sentence(details: dict[str, Any]) -> str:
+    """What the photos of other things (an ``_other`` folder) chose for "none of my classes", and how it did."""
+    chose = details["others"] - details["others_measured"]
+    return (
+        f"{chose} of {details['others']} photos of other things chose the {details['score']} score (AUROC "
+        f"{details['others_auroc']:.3f} against the held-out photos) and set its threshold, which keeps "
+        f"{details['kept']:.0%} of the held-out photos; it turns away {details['others_turned_away']:.0%} of the "
+        f"other {details['others_measured']}."
+    )

@@ -3,6 +3,7 @@ checkpoint on a dataset split (optionally with test-time augmentation), and the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -28,7 +29,7 @@ from ..calibration import (
     temperature,
     tta_views,
 )
-from ..calibration.ood import OODDetector, fit_statistics, ood_scores, threshold_for
+from ..calibration.ood import OTHERS_SCORES, OODDetector, choose_with_others, fit_statistics, ood_scores, threshold_for
 from ..data import Batches, build_transform, class_subset
 from ..data.photos import photo_specs, with_photos
 from ..figures import confusion_figure, reliability_figure
@@ -283,12 +284,16 @@ def calibrate_model(
     store_temperature: bool = True,
     batch_size: int = 500,
     progress: bool = True,
+    others: Dataset | None = None,
 ) -> tuple[Calibration, dict[str, float]]:
     """A ``Calibration`` of ``net`` (on its device) from two datasets preprocessed for it (the eval transform):
     the temperature fitted on ``held_out`` for the ``tta`` views, the ``ood`` score's statistics from the
     pre-logit features of ``fit`` (None without ``ood``), its threshold the ``keep`` quantile of the held-out
     images' scores; and what was measured (see :func:`calibrate_checkpoint`). ``held_out_name``, ``fit_name``:
-    what the calibration records it was fitted on. ``net.calibration`` is left as it was."""
+    what the calibration records it was fitted on. ``others``: photos of none of the classes, preprocessed the
+    same way: every other one of them chooses the score among ``OTHERS_SCORES`` and sets its threshold
+    (``ood.choose_with_others``), the rest measure it (the report's ``others_turned_away``). ``net.calibration`` is
+    left as it was."""
     device = next(net.parameters()).device
     was_training, kept_calibration = net.training, net.calibration
     net.eval()
@@ -319,13 +324,22 @@ def calibrate_model(
         if ood is not None:
             _, fit_features, _, fit_labels = run(fit, None, "OOD statistics")
             head = (net.head.weight, net.head.bias)  # what vim reads
-            stats = fit_statistics(ood, fit_features[0], fit_labels, net.config.num_classes, head)
-            probs = (after if store_temperature else before).exp()  # what predict() will return
-            scores = ood_scores(ood, probs=probs, logits=logits, features=features, statistics=stats)
-            threshold = threshold_for(scores, keep)
-            detector = OODDetector(
-                ood, threshold, keep, stats, f"statistics of {fit_name}, threshold on {held_out_name}"
-            )
+            names = OTHERS_SCORES if others is not None else (ood,)
+            stats = {n: fit_statistics(n, fit_features[0], fit_labels, net.config.num_classes, head) for n in names}
+
+            def scored(probs: torch.Tensor, z: list[torch.Tensor], f: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+                return {n: ood_scores(n, probs=probs, logits=z, features=f, statistics=stats[n]) for n in names}
+
+            scores = scored((after if store_temperature else before).exp(), logits, features)  # as predict() will
+            threshold, kept, what = threshold_for(scores[ood], keep), keep, held_out_name
+            if others is not None:  # they choose the score and its threshold (``ood.choose_with_others``)
+                o_logits, o_features, _, _ = run(others, tta, "other photos")
+                o_probs = mixture_log_probs(o_logits, weights, T if store_temperature else 1.0).exp()
+                c = choose_with_others(scores, scored(o_probs, o_logits, o_features), keep)
+                ood, threshold, kept = c.score, c.threshold, c.kept
+                what += f" and {c.others - c.others_measured} photos of other things, which chose the score"
+                report |= dataclasses.asdict(c)
+            detector = OODDetector(ood, threshold, kept, stats[ood], f"statistics of {fit_name}, threshold on {what}")
             report["threshold"] = threshold
     finally:
         net.train(was_training)

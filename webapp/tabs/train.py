@@ -172,7 +172,7 @@ def _train(
         found = from_zip(photos, job.data, limits)
     except ValueError as e:
         raise gr.Error(sentence(str(e)), print_exception=False) from None
-    if entries is not None and sum(found.counts.values()) > entries:  # its end record lied: the estimate too
+    if entries is not None and found.images > entries:  # its end record lied: the estimate too
         what = f"{entries:,} {'entry' if entries == 1 else 'entries'}"
         lie = f"The zip's directory declares {what} but holds more photos."
         raise gr.Error(lie, print_exception=False)
@@ -242,7 +242,8 @@ def build(ctx: Context, page: Page) -> Tab:
     keep = "It stays in this browser session only and is deleted after an hour." if public else ""
     gr.Markdown(
         "Fine-tune the model in use (the picker above) on your own photos: a **zip with one folder per class** "
-        f"(`ants/1.jpg`, `bees/7.jpg`, …). Limits: {limits.text()}. A fifth of each class is held out to "
+        "(`ants/1.jpg`, `bees/7.jpg`, …); optionally a folder `_other` of photos of none of your classes, which "
+        f"helps set where “none of my classes” starts. Limits: {limits.text()}. A fifth of each class is held out to "
         "measure and calibrate the new model, which the picker then switches to. The training time covers the whole "
         "job once its process has started (a few seconds): reading your photos, training, calibrating on the held-out "
         f"photos and saving the model; a job too large to calibrate in it is refused before it trains. {keep}"
