@@ -492,7 +492,9 @@ def test_a_batch_decodes_one_image_at_a_time_within_its_budgets(tmp_path, monkey
     batch.classify_batch(model, tf, [str(archive)], rollout, CPU)  # warm up: first-use allocations
     (items, gallery), peak = peak_of(lambda: batch.classify_batch(model, tf, [str(archive)], rollout, CPU))
     assert len(gallery) == 8 and all(i.probs is not None for i in items)
-    assert peak < 4 * decoded, (peak >> 20, decoded >> 20)  # all eight held at once: 8 x 16 MB decoded, and more
+    # all eight held at once: at least 8 x 16 MB decoded. One at a time measured 40 MB alone, 66 MB once inside the
+    # full suite, whose other threads share this process's RSS: the bound sits between
+    assert peak < 6 * decoded, (peak >> 20, decoded >> 20)
 
     monkeypatch.setattr(batch, "MAX_DECODED_PIXELS", 3 * 2000 * 2000)
     items, gallery = batch.classify_batch(model, tf, [str(archive)], Settings(method=methods.ROLLOUT), CPU)
