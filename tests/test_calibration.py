@@ -248,11 +248,11 @@ def test_photos_of_other_things_choose_the_score_with_half_of_them_and_the_rest_
     near, far = torch.randn(20, generator=g).double(), torch.randn(20, generator=g).double() + 10
     others = {"a": torch.stack([far, near], 1).flatten(), "b": torch.stack([near, far], 1).flatten()}
     c = choose_with_others(inside, others, 0.95)
-    assert c.score == "a" and c.others_auroc == 1.0 and (c.others, c.others_measured) == (40, 20)
+    assert c.score == "a" and c.others_auroc == 1.0 and (c.others, c.others_chose, c.others_measured) == (40, 20, 20)
     assert c.others_turned_away == pytest.approx(float((near > c.threshold).double().mean()))
     assert (c.threshold, c.kept) == threshold_with_others(inside["a"], far, 0.95)
     one = choose_with_others({"a": inside["a"]}, {"a": far[:1]}, 0.95)  # one photo: it chooses and measures
-    assert (one.others, one.others_measured, one.others_turned_away) == (1, 1, 1.0)
+    assert (one.others, one.others_chose, one.others_measured, one.others_turned_away) == (1, 1, 1, 1.0)
 
 
 def test_vim_matches_the_papers_reference_code():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -230,7 +231,11 @@ def test_photos_of_other_things_are_no_class_and_set_the_threshold(folder, tmp_p
         r = finetune_folder(data, folder / "init", out, minutes=None, strategy=strategy, overrides=QUICK)
         assert r.classes == ["blue", "red"] and r.train_images + r.val_images == 48
         d = r.details
-        assert (d["others"], d["others_measured"]) == (12, 6)  # kept: below (10 held out: none of 95-98%)
+        assert (d["others"], d["others_chose"], d["others_measured"]) == (
+            12,
+            6,
+            6,
+        )  # kept: below (10 held out: none of 95-98%)
         model = vit_core.from_pretrained(out).eval()
         tf = build_transform(model.pretrained_cfg)
 
@@ -248,3 +253,24 @@ def test_photos_of_other_things_are_no_class_and_set_the_threshold(folder, tmp_p
         assert abs(float((held <= threshold).double().mean()) - d["kept"]) <= 1 / len(held) + 1e-9  # one at the edge
         assert d["score"] in OTHERS_SCORES and model.calibration.ood.score == d["score"]
         assert f"6 of 12 photos of other things chose the {d['score']} score" in (out / "README.md").read_text()
+
+
+def test_the_docs_show_bench_other_photos_numbers_from_its_results_file():
+    """docs/training.md's table and the recipe notes' sentence carry ``bench/results/other_photos.txt``'s shares,
+    row by row (with, without), so that a re-run cannot leave them behind."""
+    rows = re.findall(
+        r"^\| [^|]+ \| [\d,]+ \| ([\d.]+)% \| ([\d.]+)% \|$",
+        (REPO / "bench/results/other_photos.txt").read_text(),
+        re.M,
+    )
+    assert len(rows) == 4
+    training = (REPO / "docs/training.md").read_text()
+    section = training[training.index("### Photos of other things (`_other`)") :]
+    shown = re.findall(
+        r"^\| [^|]+ \| [\d,]+ \| (?:\*\*)?([\d.]+)%(?:\*\*)? \| (?:\*\*)?([\d.]+)%(?:\*\*)? \|$", section, re.M
+    )
+    assert shown[: len(rows)] == rows
+    recipes = (REPO / "train/recipes/README.md").read_text()
+    sentence = recipes[recipes.index("**Photos of other things**") :].split("\n\n")[0]
+    for with_, without in (rows[1], rows[0], rows[3]):  # cats and dogs, ants and bees, ood_photos: in that order
+        assert re.search(rf"{re.escape(with_)}%.*?\({re.escape(without)}%", sentence, re.S), (with_, without)

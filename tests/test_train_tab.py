@@ -402,11 +402,15 @@ def test_the_result_page_reads_as_sentences_a_table_a_matrix_and_a_gallery(tmp_p
     assert "**How it trained**: LP-FT" in text and result["strategy_reason"] in text
     assert "| ants | 5 | 4 | 80.0% |" in text and "| bees | 4 | 3 | 75.0% |" in text
     assert "4.2 points" in text and "over 812 is answered" in text and "1 in 20" in text
-    others = dict(result["details"], kept=0.92, others=10, others_measured=5, others_turned_away=0.8)
+    others = dict(result["details"], kept=0.92, others=10, others_chose=5, others_measured=5, others_turned_away=0.8)
     text_others = train_result.summary(result | dict(details=others), None)
     assert "92% of your held-out photos" in text_others and "1 in 13" in text_others
-    assert "Half of your 10 photos of other things (`_other`) chose how" in text_others
-    assert "of the other 5, it turns away 80%." in text_others
+    assert "5 of your 10 photos of other things (`_other`) chose how" in text_others
+    assert "of the 5 that measure it, it turns away 80%." in text_others
+    # the fit could keep every held-out photo (ties in a tiny held-out set): no "1 in ..." of a zero share
+    one = dict(others, kept=1.0, others=1, others_chose=1, others_measured=1, others_turned_away=1.0)
+    text_one = train_result.summary(result | dict(details=one), None)
+    assert "100% of your held-out photos" in text_one and "1 of your 1 photos" in text_one
     assert "Trained here at 10:00" in text and "click one below to open it in Classify" in text
     assert train_result.confusion_image(result).size[0] > 200
     shown = train_result.keep_misclassified(result, tmp_path / "data", tmp_path / "kept")

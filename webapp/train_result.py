@@ -67,16 +67,17 @@ def threshold_sentence(details: dict[str, Any]) -> str:
         return "**“None of my classes”**: no detector was fitted, so every photo gets one of its classes."
     shown = f"{threshold:,.0f}" if abs(threshold) >= 100 else f"{threshold:.3g}"  # as Classify shows scores
     kept = details.get("kept", 0.95)
+    cost = f"about 1 in {round(1 / (1 - kept))} photos like yours is" if kept < 1 else "photos like yours are rarely"
     text = (
         f"**“None of my classes”**: a photo whose unlikeness score is over {shown} is answered “none of "
-        f"my classes”; {kept:.0%} of your held-out photos score under it, so about 1 in {round(1 / (1 - kept))} photos "
-        "like yours is turned away too."
+        f"my classes”; {kept:.0%} of your held-out photos score under it, so {cost} turned away too."
     )
     if details.get("others"):
         text += (
-            f" Half of your {details['others']} photos of other things (`_other`) chose how photos are scored and "
-            f"set it; of the other {details['others_measured']}, it turns away {details['others_turned_away']:.0%}. "
-            "It is tuned to photos like those: photos unlike them may pass more often, so make them varied."
+            f" {details['others_chose']} of your {details['others']} photos of other things (`_other`) chose how "
+            f"photos are scored and set it; of the {details['others_measured']} that measure it, it turns away "
+            f"{details['others_turned_away']:.0%}. It is tuned to photos like those: photos unlike them may pass more "
+            "often, so make them varied."
         )
     return text
 

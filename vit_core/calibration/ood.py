@@ -283,8 +283,9 @@ class OthersChoice:
     threshold: float
     kept: float  # the share of the held-out in-distribution images at or under the threshold
     others: int  # photos of other things
+    others_chose: int  # those that chose the score and set its threshold: every other one, from the first
     others_auroc: float  # the score's, held-out images against the photos that chose it
-    others_measured: int  # the photos that did not choose it, which measure it
+    others_measured: int  # those that measure it: the rest (all of them when there is only one)
     others_turned_away: float  # the share of those over the threshold
 
 
@@ -303,7 +304,7 @@ def choose_with_others(
     threshold, kept = threshold_with_others(inside[best], others[best][sets], keep)
     measured = others[best][measures]
     turned_away = float((measured > threshold).double().mean())
-    return OthersChoice(best, threshold, kept, n, aurocs[best], len(measured), turned_away)
+    return OthersChoice(best, threshold, kept, n, len(others[best][sets]), aurocs[best], len(measured), turned_away)
 
 
 def threshold_with_others(
@@ -320,7 +321,8 @@ def threshold_with_others(
     kept = (inside[None, :] <= candidates[:, None]).double().mean(1)
     allowed = (kept >= low) & (kept <= high)
     if not allowed.any():  # too few held-out scores to land in the range: the plain quantile
-        return threshold_for(inside, keep), float((inside <= threshold_for(inside, keep)).double().mean())
+        plain = threshold_for(inside, keep)
+        return plain, float((inside <= plain).double().mean())
     right = kept + (others[None, :] > candidates[:, None]).double().mean(1)
     rank = torch.where(allowed, right - 1e-6 * (kept - keep).abs(), torch.tensor(-math.inf, dtype=torch.float64))
     best = int(rank.argmax())

@@ -233,7 +233,7 @@ def _idx_classes(folder: Path) -> list[str] | None:
 def other_photos(spec: str | Path, transform: Callable | None = None) -> ImageFolderDataset | None:
     """The photos of none of the classes that a folder dataset's training split holds in ``OTHER_FOLDER``
     (``<data>/_other/`` or ``<data>/train/_other/``), all labelled 0; None when it holds none. The fine-tuning
-    of a folder sets its "none of my classes" threshold with them (``ood.threshold_with_others``)."""
+    of a folder lets them choose its "none of my classes" score and threshold (``ood.choose_with_others``)."""
     path = Path(spec).expanduser()
     root = _split_folder(path, "train") if path.is_dir() else path
     if not (root / OTHER_FOLDER).is_dir() or not _image_files(root / OTHER_FOLDER):

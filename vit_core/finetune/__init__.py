@@ -7,8 +7,8 @@ position embeddings interpolated in 2D), ``engine.train`` trains it within a wal
 runs on the clock), then the held-out images calibrate the temperature and the "none of my classes" detector
 (``evaluation.calibrate_model``) and measure the result (``eval_held-out_flip.json``), and the run folder gets its
 model card (``README.md``). Photos of none of the classes in a folder ``_other`` (``data.other_photos``) are not a
-class: every other one of them helps set the detector's threshold (``ood.threshold_with_others``), the rest
-measure how many such photos it turns away (the ``details``' ``others_turned_away``). It is the same code path
+class: every other one of them chooses the detector's score and sets its threshold (``ood.choose_with_others``),
+the rest measure how many such photos it turns away (the ``details``' ``others_turned_away``). It is the same code path
 as ``python -m train --recipe finetune_folder``, whose recipe is ``FINETUNE_RECIPE`` (``finish_run`` does the
 calibration and card there).
 
@@ -69,7 +69,7 @@ FINETUNE_RECIPE: dict[str, Any] = dict(
 )
 STRATEGIES = ("auto", "full", "lp-ft", "probe")  # vit_core.finetune.lpft.Strategy's names, and "auto" to choose
 # the details of an ``_other`` folder's use (``ood.OthersChoice``)
-OTHERS_KEYS = ("others", "others_measured", "others_turned_away", "others_auroc", "score")
+OTHERS_KEYS = ("others", "others_chose", "others_measured", "others_turned_away", "others_auroc", "score")
 PROBE_NAME = "linear_probe"  # LP-FT's first stage in the run folder: the model with the probe's head
 HELD_OUT_SPLIT = "held-out"  # eval_held-out_flip.json: the held-out images evaluated as predict() answers
 CARD_NAME = "README.md"
@@ -232,7 +232,7 @@ def _probe_first(
     depth, budget = len(model.blocks), 60 * (recipe.budget_minutes or 0.0)
     kept, held = stratified_split(build_dataset(recipe.data, "train").targets, recipe.val_fraction)
     speed = measure_speed(model, model.config.img_hw) if strategy == "auto" or whole else None
-    others = other_photos(recipe.data)
+    others = other_photos(recipe.data)  # an ``_other`` folder's photos (None without), read at the eval transform
     if whole:  # training ends when what follows it must start (timed before any photo is decoded)
         params, n_others = sum(p.numel() for p in model.parameters()), 0 if others is None else len(others)
         after = finish_seconds(speed.forward_s, len(kept), len(held), params, n_others)
@@ -256,11 +256,12 @@ def _probe_first(
     held_plain = cache_features(net, held_out, desc="held-out")
     held_mirror = cache_features(net, held_out, mirror=True, desc="held-out mirrored") if plan.tta else held_plain
     held = FeaturePairs(held_plain, held_mirror, held_out.targets)
+    other_pairs = None
     if others is not None:
-        others = other_photos(recipe.data, plain_tf)
+        others.transform = plain_tf
         other_plain = cache_features(net, others, desc="other photos")
         other_mirror = cache_features(net, others, mirror=True, desc="other photos mirrored") if plan.tta else None
-        others = FeaturePairs(other_plain, other_plain if other_mirror is None else other_mirror, others.targets)
+        other_pairs = FeaturePairs(other_plain, other_plain if other_mirror is None else other_mirror, others.targets)
     labels = train_set.targets
     x, y = torch.cat(views), labels.repeat(len(views))
     weight, bias = fit_probe(x, y, len(train_set.classes))
@@ -280,7 +281,7 @@ def _probe_first(
     history = [row | dict(elapsed_s=time.time() - t0, stopped=None)]
     _write_probe_run(out, recipe, net, history)
     result = TrainResult(net.eval(), history, train_set, held_out)
-    return plan, recipe, ProbeFeatures(FeatureNet(net), held, fit, plan.tta, result, others)
+    return plan, recipe, ProbeFeatures(FeatureNet(net), held, fit, plan.tta, result, other_pairs)
 
 
 def _write_probe_run(out: Path, recipe: Recipe, net: VisionTransformer, history: list[dict[str, Any]]) -> None:

@@ -80,10 +80,9 @@ def card_section(details: dict[str, Any], strategy: str) -> str:
 
 def others_sentence(details: dict[str, Any]) -> str:
     """What the photos of other things (an ``_other`` folder) chose for "none of my classes", and how it did."""
-    chose = details["others"] - details["others_measured"]
     return (
-        f"{chose} of {details['others']} photos of other things chose the {details['score']} score (AUROC "
-        f"{details['others_auroc']:.3f} against the held-out photos) and set its threshold, which keeps "
+        f"{details['others_chose']} of {details['others']} photos of other things chose the {details['score']} "
+        f"score (AUROC {details['others_auroc']:.3f} against the held-out photos) and set its threshold, which keeps "
         f"{details['kept']:.0%} of the held-out photos; it turns away {details['others_turned_away']:.0%} of the "
-        f"other {details['others_measured']}."
+        f"{details['others_measured']} that measure it."
     )

@@ -337,7 +337,7 @@ def calibrate_model(
                 o_probs = mixture_log_probs(o_logits, weights, T if store_temperature else 1.0).exp()
                 c = choose_with_others(scores, scored(o_probs, o_logits, o_features), keep)
                 ood, threshold, kept = c.score, c.threshold, c.kept
-                what += f" and {c.others - c.others_measured} photos of other things, which chose the score"
+                what += f" and {c.others_chose} photos of other things, which chose the score"
                 report |= dataclasses.asdict(c)
             detector = OODDetector(ood, threshold, kept, stats[ood], f"statistics of {fit_name}, threshold on {what}")
             report["threshold"] = threshold
