@@ -5,7 +5,7 @@
 
 Runs locally (GPU when there is one), and unchanged as a Hugging Face Space (ZeroGPU included). All model,
 image and explanation logic lives in ``vit_core`` and ``webapp``, each tab in a module of ``webapp/tabs``; this file
-is the page (the picker, then ``TABS``), the launch and the wiring.
+is the page (the picker, then ``TABS``), the launch and the events.
 
 Endpoints (``gradio_client``): ``/classify``, ``/explore`` (one patch's attention), ``/compare`` (every method
 with its deletion/insertion AUC), ``/batch`` (many images or a zip -> gallery + CSV), ``/inspect`` and ``/train``
@@ -22,29 +22,26 @@ except ImportError:
 
 import argparse
 import socket
-from pathlib import Path
 
 import gradio as gr
 import torch
 from fastapi.middleware import Middleware
-from gradio.utils import get_upload_folder
 
-from webapp import payloads, tempfiles
-from webapp.admission import DEFAULT_SHARE, MB, Gate
-from webapp.archives import MAX_TOTAL_BYTES
-from webapp.bodies import MAX_JSON_BYTES, BodyLimits
-from webapp.memory import limit_arenas
-from webapp.models import Models
-from webapp.newcomers import RequestScope, SessionRate
-from webapp.options import ALL_INTERFACES, Options, add_arguments, configure, serving_host
-from webapp.queueing import ClientLimits, OwnCancels, UploadLimits
-from webapp.sessions import Sessions
+from webapp.inference.archives import MAX_TOTAL_BYTES
+from webapp.registry.models import Models
+from webapp.registry.options import ALL_INTERFACES, Options, add_arguments, configure, serving_host
+from webapp.resources import limit_arenas
+from webapp.server import gradio_patches, payloads, tempfiles
+from webapp.server.admission import DEFAULT_SHARE, MB, Gate
+from webapp.server.bodies import MAX_JSON_BYTES, BodyLimits
+from webapp.server.newcomers import RequestScope, SessionRate
+from webapp.server.queueing import ClientLimits, OwnCancels, UploadLimits
+from webapp.server.sessions import Sessions
 from webapp.tabs import batch, classify, compare, explore, inspect, train
 from webapp.ui import picker
-from webapp.ui.context import Context
 from webapp.ui.controls import Controls
-from webapp.ui.endpoints import Page
-from webapp.ui.wiring import wire
+from webapp.ui.endpoints import Context, Page
+from webapp.ui.events import wire
 
 TABS = (classify, explore, compare, batch, inspect, train)  # the page's tabs, in order: each a module (``webapp.tabs``)
 QUEUE_SIZE = 64  # requests waiting at once, all clients together
@@ -97,7 +94,7 @@ footer .show-api-divider { display: block !important; }
 
 def build_ui(ctx: Context) -> gr.Blocks:
     """The page: the model picker and the shared image controls, then a tab for each module of ``TABS``, each
-    wired from what it declares (``webapp.ui.wiring``), starting on the startup model."""
+    wired from what it declares (``webapp.ui.events``), starting on the startup model."""
     with gr.Blocks(title="Vision Transformer: where did it look?", delete_cache=DELETE_CACHE) as demo:
         gr.Markdown(
             "## Where did the Vision Transformer look?\n"
@@ -141,7 +138,7 @@ def main() -> None:
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--share", action="store_true", help="create a public gradio.live link")
     p.add_argument("--concurrency", type=int, default=1, help="requests computed at once (one GPU: 1)")
-    g = p.add_argument_group("limits for a public server (webapp.admission, webapp.queueing)")
+    g = p.add_argument_group("limits for a public server (webapp.server.admission, webapp.server.queueing)")
     g.add_argument(
         "--max-memory",
         type=int,
@@ -170,9 +167,9 @@ def main() -> None:
         raise SystemExit("--concurrency, --max-memory, --max-file-mb and --per-client must be >= 1, --max-wait >= 0")
     limit_arenas()
     options = configure(args)
-    if options.public:  # what a dead process left (its lock tells a live one apart); see webapp.tempfiles
-        tempfiles.sweep([Path(get_upload_folder()), batch.OUT_DIR])
+    tempfiles.use_own_folders()  # dead processes' folders removed, this one's made (webapp.server.tempfiles)
     tempfiles.remove_partial_uploads()
+    gradio_patches.warn_if_changed()
     ctx = setup(args.model, args.device, args.threads, options)
     ctx.gate = Gate(None if args.max_memory is None else args.max_memory * MB, args.max_wait)
     demo = build_ui(ctx)

@@ -30,11 +30,10 @@ from PIL import Image
 
 import app
 from vit_core.calibration import calibrated_views
-from webapp import analysis
-from webapp.catalog import ROOT
+from webapp.inference import analysis
+from webapp.registry.catalog import ROOT
 from webapp.tabs import classify
-from webapp.ui.context import Context
-from webapp.ui.endpoints import Request
+from webapp.ui.endpoints import Context, Request
 from webapp.ui.inputs import JPEG_QUALITY
 
 PHOTO = ROOT / "examples" / "cat_chelsea.jpg"

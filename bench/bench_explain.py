@@ -37,7 +37,7 @@ import vit_core
 from vit_core import explain
 from vit_core.explain import attention_rollout, lrp
 from vit_core.models.config import TIMM_MODEL_ARGS
-from webapp.catalog import BUNDLED
+from webapp.registry.catalog import BUNDLED
 
 
 def _sync(device: str) -> None:

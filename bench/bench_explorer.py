@@ -30,12 +30,11 @@ from PIL import Image
 
 import app
 from vit_core.explain.methods import ROLLOUT
-from webapp import render
-from webapp.catalog import ROOT
-from webapp.settings import PREDICTED
+from webapp.inference import render
+from webapp.inference.settings import PREDICTED
+from webapp.registry.catalog import ROOT
 from webapp.tabs import classify, explore
-from webapp.ui.context import Context
-from webapp.ui.endpoints import Request
+from webapp.ui.endpoints import Context, Request
 
 PHOTO = ROOT / "examples" / "cat_chelsea.jpg"
 

@@ -33,8 +33,8 @@ from vit_core.calibration import temperature
 from vit_core.calibration.ood import SCORES, auroc, threshold_for
 from vit_core.data import build_transform, load_image
 from vit_core.training.evaluation import HELD_OUT
-from webapp.catalog import BUNDLED, ROOT
-from webapp.model_info import UNSURE_BELOW
+from webapp.inference.model_info import UNSURE_BELOW
+from webapp.registry.catalog import BUNDLED, ROOT
 
 
 def photo_set(model, folder: Path, what: str) -> Outputs:

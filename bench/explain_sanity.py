@@ -58,7 +58,7 @@ import vit_core
 from vit_core import explain, methods
 from vit_core.data import build_dataset, build_transform
 from vit_core.explain import faithfulness, road
-from webapp.catalog import BUNDLED, ROOT
+from webapp.registry.catalog import BUNDLED, ROOT
 
 ANCHORS = {"random": "random map", "centre": "centre Gaussian"}  # maps that ignore the image
 BASELINES = ("mean", "blur", "road")

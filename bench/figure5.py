@@ -32,7 +32,7 @@ from vit_core import figures
 from vit_core.io.files import atomic_write
 from vit_core.training import engine
 from vit_core.training.recipe import Recipe
-from webapp.catalog import ROOT
+from webapp.registry.catalog import ROOT
 
 # family -> (recipe, epochs at each budget): about 5, 10 and 20 training minutes each on the 2-core CPU
 FAMILIES = {

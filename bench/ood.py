@@ -63,8 +63,8 @@ from vit_core.data import Batches, build_transform, class_subset, load_image
 from vit_core.io.files import RECIPE_NAME
 from vit_core.training.builders import load_data
 from vit_core.training.evaluation import HELD_OUT, OOD_FIT, model_classes, ood_fit_images
-from webapp.catalog import BUNDLED, ROOT
-from webapp.model_info import UNSURE_BELOW
+from webapp.inference.model_info import UNSURE_BELOW
+from webapp.registry.catalog import BUNDLED, ROOT
 
 OOD_PHOTOS = Path(__file__).resolve().parent / "ood_photos"
 OPEN_RECIPE = "cifar10_open6"

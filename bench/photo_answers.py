@@ -4,9 +4,10 @@
     python -m bench.photo_answers --split held       # the held-out share of train (bench.photo_split): for choosing
     python -m bench.photo_answers --model FOLDER     # another checkpoint
 
-Each photo goes through the app's own path: the model loaded as the app loads it (``webapp.models.Models``), the
-upload decoded and analysed by ``webapp.analysis.analyse`` (its preprocessing, the views the model was
-calibrated for, its temperature and "none of my classes" detector), and decided by ``webapp.model_info.decide``
+Each photo goes through the app's own path: the model loaded as the app loads it (``webapp.registry.models.Models``),
+the upload decoded and analysed by ``webapp.inference.analysis.analyse`` (its preprocessing, the views the model was
+calibrated for, its temperature and "none of my classes" detector), and decided by
+``webapp.inference.model_info.decide``
 (a plain answer, "not one of my classes", "torn between" two, or "not sure"). Sets:
 
 - inside, photos of the model's classes: ``photos/cats_and_dogs/<split>`` (``cats``, ``dogs``) and
@@ -37,11 +38,11 @@ from bench.ood import OOD_PHOTOS
 from bench.real_photos import PHOTOS, load_photos, print_table
 from vit_core.calibration.ood import auroc
 from vit_core.data import default_data_root
-from webapp.analysis import analyse
-from webapp.catalog import BUNDLED, ROOT
-from webapp.model_info import analysis_decision
-from webapp.models import Models
-from webapp.options import Options
+from webapp.inference.analysis import analyse
+from webapp.inference.model_info import analysis_decision
+from webapp.registry.catalog import BUNDLED, ROOT
+from webapp.registry.models import Models
+from webapp.registry.options import Options
 
 PLURALS = {"cats": "cat", "dogs": "dog"}  # the shared sets' folder names -> the model's class names
 INSIDE = ("cats_and_dogs", "cars_birds_deer_frogs_horses")  # the shared sets of the bundle's classes
@@ -60,7 +61,7 @@ def shared_folder(dataset: str, split: str) -> Path:
 class Answer:
     label: str  # the photo's class, in the model's names where it is one of them
     right: bool
-    kind: str  # webapp.model_info.Decision.kind
+    kind: str  # webapp.inference.model_info.Decision.kind
     plain: bool
     score: float  # the detector's score (nan without one)
     msp: float  # 1 - the top probability

@@ -40,7 +40,7 @@ from PIL import Image
 import vit_core
 from vit_core import calibration
 from vit_core.data import build_transform, load_image
-from webapp.catalog import BUNDLED, ROOT
+from webapp.registry.catalog import BUNDLED, ROOT
 
 PHOTOS = Path(__file__).resolve().parent / "real_photos"
 CIFAR10 = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")

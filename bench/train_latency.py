@@ -5,7 +5,7 @@
 Starts ``python app.py --public`` on 127.0.0.1 (no network), times ``/classify`` of ``examples/cat_chelsea.jpg``
 from a second client alone, then while a first client's ``/train`` fine-tunes the bundled model on
 ``--per-class`` photos of each class of ``../shared/data/photos/ants_and_bees/train`` (the Train tab's job runs
-in a process of its own with half the CPU threads, ``webapp.training``); a third ``/train`` meanwhile must be
+in a process of its own with half the CPU threads, ``webapp.jobs.trainer``); a third ``/train`` meanwhile must be
 refused ("a training job is running"). Prints the medians and their ratio (during / alone).
 """
 

@@ -4,10 +4,10 @@ job's time, on the largest jobs the public limits allow.
     python -m bench.train_memory [--only NAMES] [--threads 1]
 
 Each job is a zip of photos as a visitor uploads it, checked and written as the server does
-(``webapp.trainset.from_zip``) and trained by the server's own trainer (``webapp.training.Trainer.run``: the
-training process ``webapp.finetune_worker``, as the app starts it, with ``--threads`` threads). The process reports
+(``webapp.jobs.trainset.from_zip``) and trained by the server's own trainer (``webapp.jobs.trainer.Trainer.run``: the
+training process ``webapp.jobs.worker``, as the app starts it, with ``--threads`` threads). The process reports
 its peak RSS (``ru_maxrss``: ``peak_bytes``); the table sets it against the Train tab's estimate for the job
-(``webapp.estimates.training_bytes`` for the zip's photos, as the gate reserves it) and against the estimate before
+(``webapp.jobs.cost.training_bytes`` for the zip's photos, as the gate reserves it) and against the estimate before
 issue 57 (``old_estimate``: what the gate reserved then, for 2,000 photos whatever the zip held), and the job's
 budget against its whole time (``from_zip`` to the process's end) and its process's start (the budget runs from
 there).
@@ -42,9 +42,10 @@ from PIL import Image
 import vit_core
 from vit_core.models.model import VisionTransformer
 from vit_core.models.variants import get_config
-from webapp import estimates
-from webapp.training import Trainer
-from webapp.trainset import PUBLIC, from_zip
+from webapp.inference import estimates
+from webapp.jobs import cost
+from webapp.jobs.trainer import Trainer
+from webapp.jobs.trainset import PUBLIC, from_zip
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "models" / "cifar10_speedrun"
@@ -130,7 +131,7 @@ def run_job(name: str, spec: Spec, folder: Path, threads: int) -> dict:
         job=name,
         photos=images,
         old=old_estimate(cfg, model.num_params()),
-        new=estimates.training_bytes(cfg, model.num_params(), images),
+        new=cost.training_bytes(cfg, model.num_params(), images),
         peak=peak,
         budget=60 * spec.minutes,
         whole=whole,

@@ -22,15 +22,15 @@ import torch
 import vit_core
 from vit_core import methods
 from vit_core.data import ImageHeader, build_transform
-from webapp import admission, analysis, archives, estimates
-from webapp.admission import MB, Busy, Gate, rss
-from webapp.catalog import BUNDLED
-from webapp.settings import MapSettings
+from webapp.inference import analysis, archives, estimates
+from webapp.inference.settings import MapSettings
+from webapp.registry.catalog import BUNDLED
+from webapp.server import admission
+from webapp.server.admission import MB, Busy, Gate, rss
 from webapp.tabs import batch, classify
 from webapp.tabs import inspect as inspect_tab
-from webapp.ui import wiring
-from webapp.ui.context import Context
-from webapp.ui.endpoints import Tab
+from webapp.ui import events
+from webapp.ui.endpoints import Context, Tab
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,7 +199,7 @@ def _declared(monkeypatch) -> tuple[Context, gr.Blocks, list[Tab]]:
 
     def recording(ctx: Context, tab: Tab) -> None:
         declared.append(tab)
-        wiring.wire(ctx, tab)
+        events.wire(ctx, tab)
 
     monkeypatch.setattr(app, "wire", recording)
     ctx = app.setup("bundled")
@@ -221,7 +221,7 @@ def _page_arguments(fn: gr.blocks.BlockFunction) -> dict:
 
 def test_every_compute_listener_is_gated_and_in_one_concurrency_group(monkeypatch):
     """Every endpoint a tab declares computing (its API) and every page event it declares is in the compute group;
-    the API's listeners pass the gate before they run, the page's hold it inside ``fresh.answer`` (after their
+    the API's listeners pass the gate before they run, the page's hold it inside ``events.if_newest`` (after their
     ticket: see ``tests/test_webapp.py``): here every one asks a gate that admits nothing, and Classify's page
     request says so in place of its results."""
     ctx, demo, declared = _declared(monkeypatch)

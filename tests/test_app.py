@@ -27,9 +27,9 @@ from PIL import Image
 
 import vit_core
 from vit_core.data import build_transform
-from webapp import estimates
-from webapp.catalog import BUNDLED
-from webapp.model_info import format_count
+from webapp.inference import estimates
+from webapp.inference.model_info import format_count
+from webapp.registry.catalog import BUNDLED
 from webapp.tabs import batch, classify, compare, explore
 
 from .net import free_port
@@ -278,7 +278,7 @@ def _unique_big_png(tmp: Path, name: str) -> Path:
 
 
 def test_the_memory_estimate_bounds_the_peak_of_real_requests(server, tmp_path):
-    """The admission gate's estimate (``webapp.estimates``) of each request, against the server's measured
+    """The admission gate's estimate (``webapp.inference.estimates``) of each request, against the server's measured
     peak RSS above where it stood (VmHWM, reset before each): 49.9 MP uploads to /classify (AttnLRP, the
     default), /explore and /compare, a batch of three of them, and a small photo. The estimate bounds each (10%
     tolerance) and is not loose by more than 3x."""

@@ -25,23 +25,33 @@ from PIL import Image
 
 from tests.net import free_port
 from tests.test_app_security import CAT, App, _upload
-from webapp import access, archives, sessions
-from webapp.admission import Gate
-from webapp.bodies import MAX_JSON_BYTES
-from webapp.catalog import BUNDLED_LABEL
+from webapp.inference import archives
+from webapp.registry import access
+from webapp.registry.catalog import BUNDLED_LABEL
+from webapp.server import sessions, tempfiles
+from webapp.server.admission import Gate
+from webapp.server.bodies import MAX_JSON_BYTES
 
-STALE = ("tmpdeadprocess", "0123abcd/photo.jpg")  # what a killed process left in the upload folder
+DEAD = ("vit-app-dead1/gradio/tmpcut", "vit-app-dead1/gradio/0123abcd/photo.jpg")  # a killed app process's
+FOREIGN = "0123abcd/another-apps-photo.jpg"  # another Gradio app's file in the same folder
+
+
+def _leave(root: Path, name: str) -> None:
+    (root / name).parent.mkdir(parents=True, exist_ok=True)
+    (root / name).write_bytes(b"x" * 1000)
+    os.utime(root / name, (time.time() - 3600,) * 2)
 
 
 @pytest.fixture(scope="module")
 def space(tmp_path_factory) -> Iterator[App]:
-    """``app.py --model bundled`` as on a Space (``SPACE_ID``: public mode, one proxy hop), with files a dead
-    process left in its upload folder."""
+    """``app.py --model bundled`` as on a Space (``SPACE_ID``: public mode, one proxy hop), with the folder a dead
+    process of the app left (its lock file no process holds) and another app's file in its temporary folder."""
     tmp = tmp_path_factory.mktemp("space")
-    for name in STALE:
-        (tmp / "gradio" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / "gradio" / name).write_bytes(b"x" * 1000)
-        os.utime(tmp / "gradio" / name, (time.time() - 3600,) * 2)
+    for name in DEAD:
+        _leave(tmp / "gradio", name)
+    (tmp / "gradio" / "vit-app-dead1" / ".in-use").touch()
+    os.utime(tmp / "gradio" / "vit-app-dead1", (time.time() - 3600,) * 2)
+    _leave(tmp / "gradio", FOREIGN)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPACE_ID", "me/vit")
         mp.setenv("HF_HUB_OFFLINE", "1")
@@ -71,9 +81,37 @@ def _classify(app: App, **settings) -> dict | str:
     return _call(app, "classify", [settings.pop("image", image), *(values | settings).values()])
 
 
-def test_the_start_up_sweep_removed_what_a_dead_process_left(space):
-    assert not any((space.tmp / "gradio" / name).exists() for name in STALE)
-    assert (space.tmp / "gradio" / ".in-use").exists()  # this process's lock: a second one would not sweep
+def test_the_start_up_sweep_removed_what_a_dead_process_left_and_nothing_else(space):
+    assert not (space.tmp / "gradio" / "vit-app-dead1").exists()
+    assert (space.tmp / "gradio" / FOREIGN).is_file()  # not the app's: never swept
+    (own,) = (space.tmp / "gradio").glob("vit-app-*")  # this process's own folder, held by its lock
+    assert (own / ".in-use").is_file() and (own / "gradio").is_dir()
+
+
+def test_two_app_processes_on_one_machine_keep_each_others_files(tmp_path):
+    """A local app, then a public one beside it (the same temporary folder): the second removes nothing of the
+    first's, in any mode; once the first is killed, the next sweep removes its folder and only its."""
+    root = tmp_path / "gradio"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        first = App(tmp_path / "a", "http://127.0.0.1:9", "--model", "bundled", "--host", "127.0.0.1", temp=root)
+    try:
+        (mine,) = root.glob("vit-app-*")
+        _leave(mine, "gradio/0123abcd/gallery.webp")  # a file the live app serves, older than the next start
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("HF_HUB_OFFLINE", "1")
+            mp.setenv("SPACE_ID", "me/vit")
+            second = App(tmp_path / "b", "http://127.0.0.1:9", "--model", "bundled", "--host", "127.0.0.1", temp=root)
+        second_folder = next(p for p in root.glob("vit-app-*") if p != mine)
+        assert (mine / "gradio/0123abcd/gallery.webp").is_file(), second.log.read_text()[-2000:]
+        first.proc.kill()
+        first.proc.wait(timeout=30)
+        assert tempfiles.sweep_dead_folders(tempfiles.PROCESS_PREFIX, root=root) == 1
+        assert not mine.exists() and (second_folder / ".in-use").is_file()
+        second.stop()
+    finally:
+        if first.proc.poll() is None:
+            first.stop()
 
 
 def test_bodies_are_refused_while_they_stream(space):
@@ -163,7 +201,7 @@ def test_cut_off_uploads_leave_no_files(space):
             )
             time.sleep(1)
     time.sleep(1)
-    assert list((space.tmp / "gradio").glob("tmp*")) == []
+    assert list((space.tmp / "gradio").rglob("tmp*")) == []
     logged = space.log.read_text()[start:]
     assert "Traceback" not in logged and logged.count("disconnected during its request") == 2, logged[:3000]
 
@@ -229,7 +267,7 @@ def test_one_batch_parses_at_most_one_directory_and_its_csv_runs_no_formula(spac
     assert errors.count("skipped: the same file again") == 199
     assert errors[1].startswith("refused: 150000 entries") and errors[-1].startswith("refused unread")
     assert rows[1][0] == "'@SUM(1+1).png"  # a text cell, not a formula
-    assert list((space.tmp / "gradio").glob("tmp*")) == []  # Gradio's gr.File left an empty file for each of the 202
+    assert list((space.tmp / "gradio").rglob("tmp*")) == []  # Gradio's gr.File left an empty file for each of the 202
 
 
 def test_a_listed_only_picker_never_touches_the_disk(monkeypatch):
@@ -285,7 +323,7 @@ def test_behind_a_proxy_the_queue_is_shared_by_address_not_by_session(monkeypatc
     have lines of their own."""
     from types import SimpleNamespace as NS
 
-    from webapp.queueing import ClientLimits
+    from webapp.server.queueing import ClientLimits
 
     def event(i: int, session: str, forwarded: str) -> NS:
         request = NS(headers={"x-forwarded-for": forwarded}, client=NS(host="10.0.0.1"))
@@ -312,7 +350,7 @@ def test_addresses_are_grouped_by_ipv4_address_and_ipv6_64():
     IPv4 address, and a value that is no address is kept (bounded) rather than trusted to mean anything."""
     from types import SimpleNamespace as NS
 
-    from webapp.queueing import address_group, client_ip
+    from webapp.server.queueing import address_group, client_ip
 
     one_64 = {address_group(f"2001:db8:aa:bb:{i:x}::{i:x}") for i in range(200)}
     assert one_64 == {"2001:db8:aa:bb::/64"}
@@ -334,7 +372,7 @@ def test_a_stream_whose_session_another_stream_closed_ends_quietly(path, quiet, 
     import asyncio
     import logging
 
-    from webapp.bodies import BodyLimits
+    from webapp.server.bodies import BodyLimits
 
     caplog.set_level(logging.INFO, logger="webapp")
 

@@ -28,7 +28,7 @@ from gradio_client.exceptions import AppError
 from tests.hub_server import FakeHub, _Handler, timm_vit_files, transformers_vit_files
 from tests.net import free_port
 from tests.rss import rss_mb
-from webapp.catalog import BUNDLED_LABEL, imagenet_names
+from webapp.registry.catalog import BUNDLED_LABEL, imagenet_names
 
 ROOT = Path(__file__).resolve().parents[1]
 CAT = ROOT / "examples" / "cat_chelsea.jpg"
@@ -69,11 +69,12 @@ def hub() -> Iterator[FakeHub]:
 class App:
     """``python app.py ARGS`` on a free port, its Hub at ``endpoint``, its log in a file."""
 
-    def __init__(self, tmp: Path, endpoint: str, *args: str) -> None:
+    def __init__(self, tmp: Path, endpoint: str, *args: str, temp: Path | None = None) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
         self.port, self.log = free_port(), tmp / "app.log"
         env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1"}
         env |= {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp / "hf"), "HF_HUB_DISABLE_XET": "1"}
-        env["GRADIO_TEMP_DIR"] = str(tmp / "gradio")
+        env["GRADIO_TEMP_DIR"] = str(temp or tmp / "gradio")  # the app's own folder is made in it
         env.pop("HF_HUB_OFFLINE", None)
         cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(self.port), "--concurrency", "1", *args]
         self.url = f"http://127.0.0.1:{self.port}/"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from webapp.server import gradio_patches
+
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 PACKAGES = ("vit_core", "webapp", "train", "bench")
@@ -73,12 +75,24 @@ def test_no_module_passes_400_lines():
     assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
 
 
+def _folders(package: str) -> dict[str, int]:
+    """Every folder under ``package`` that holds Python modules (with an ``__init__.py`` or not), and how many
+    modules it holds besides its ``__init__.py``."""
+    folders = {p.parent for p in (ROOT / package).rglob("*.py") if p.parent != ROOT / package}
+    return {f.name: len([p for p in f.glob("*.py") if p.name != "__init__.py"]) for f in folders}
+
+
 def test_vit_core_is_at_most_7_folders_of_at_most_10_modules():
     """Folders that name the layer (timm's ``models/``, ``layers/``, ``data/``): few of them, each small enough to
     read whole; a folder that grows past 10 modules holds two layers."""
-    folders = {p.parent for p in (ROOT / "vit_core").glob("*/__init__.py")}
-    sizes = {f.name: len([p for p in f.glob("*.py") if p.name != "__init__.py"]) for f in folders}
-    assert len(folders) <= 7 and max(sizes.values()) <= 10, sizes
+    sizes = _folders("vit_core")
+    assert len(sizes) <= 7 and max(sizes.values()) <= 10, sizes
+
+
+def test_webapp_is_3_modules_at_its_root_and_at_most_6_folders_of_at_most_8():
+    root = [p.name for p in (ROOT / "webapp").glob("*.py")]
+    sizes = _folders("webapp")
+    assert len(root) <= 3 and len(sizes) <= 6 and max(sizes.values()) <= 8, (root, sizes)
 
 
 # ------------------------------------------------------------------------------- import direction
@@ -117,6 +131,80 @@ def test_imports_run_in_the_stated_direction(path):
             if _within(name, f)
         ]
     assert not wrong, f"{module}: {wrong}"
+
+
+def _floors() -> list[list[str]]:
+    """The webapp's floors as docs/ARCHITECTURE.md lists them, lowest first: one line each, its folder (or, for
+    the lowest, the root's modules)."""
+    text = _section("Import direction")
+    block = text[text.index("The app's floors") :]
+    block = block[block.index("```\n") + 4 :]
+    return [[m.strip() for m in line.split(",")] for line in block[: block.index("```")].strip().splitlines()]
+
+
+def _floor_of(module: str, floors: list[list[str]]) -> int:
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else "__init__"
+    return next(i for i, floor in enumerate(floors) if name in floor or (i == 0 and name == "__init__"))
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "webapp").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_webapp_imports_only_its_floor_and_those_below(path):
+    """Each module imports modules of its own floor and lower ones only (every import, module level or not), and
+    none inside a function: what a request runs is read at the top of each module."""
+    floors, module = _floors(), _module(path)
+    assert [f for floor in floors[1:] for f in floor] == sorted(
+        {p.parent.name for p in (ROOT / "webapp").glob("*/__init__.py")}, key=[f for fl in floors for f in fl].index
+    )  # every folder is a floor
+    mine = _floor_of(module, floors)
+    up = [name for name, _, _ in _imports(path) if _within(name, "webapp") and _floor_of(name, floors) > mine]
+    inside = [name for name, in_function, _ in _imports(path) if in_function]
+    assert not up and not inside, f"{module}: imports above its floor {up}, inside a function {inside}"
+
+
+def test_each_name_of_the_app_is_defined_once():
+    """``MB``, ``REFUSED``, ``Caller`` (and any other module-level name the app defines) in one module each, the
+    others importing it."""
+    defined: dict[str, list[str]] = {}
+    for path in [*sorted((ROOT / "webapp").rglob("*.py")), ROOT / "app.py"]:
+        if path.parent.name == "tabs":  # each tab's own TITLE, GROUP...: no tab imports another (the table above)
+            continue
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+            if isinstance(node, ast.ClassDef | ast.FunctionDef):
+                names = [node.name]
+            for name in names:
+                if name.isupper() or name[0].isupper():  # constants and classes
+                    defined.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    assert {"MB", "REFUSED", "Caller"} <= set(defined)
+    twice = {name: where for name, where in defined.items() if len(where) > 1}
+    assert not twice, twice
+
+
+PATCHED_ATTRIBUTES = {"process_api", "get_fn", "push", "upload_fn", "parse", "__class__"}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "webapp").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_gradio_is_patched_in_one_module(path):
+    """Only ``webapp/server/gradio_patches.py`` assigns Gradio's functions (``process_api``, ``get_fn``, the
+    queue's ``push``, the upload route and its parser) or changes an object's class."""
+    if path.name == "gradio_patches.py":
+        return
+    assigned = [
+        ast.unparse(target)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Attribute) and target.attr in PATCHED_ATTRIBUTES
+    ]
+    assert not assigned, f"{path.name} patches Gradio itself: {assigned}"
+
+
+def test_what_the_app_patches_is_what_the_running_gradio_has():
+    """Each patched Gradio function's source is the one its patch was read against: an upgrade of Gradio that
+    changes one fails here (see ``gradio_patches.CHECKED_WITH``)."""
+    assert gradio_patches.changed() == [], (gradio_patches.CHECKED_WITH, gradio_patches.changed())
 
 
 def _stated_graph() -> dict[str, set[str]]:

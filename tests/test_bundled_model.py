@@ -12,8 +12,8 @@ from train import load_recipe
 from vit_core.calibration import TTA_MODES, expected_calibration_error, predict
 from vit_core.data import build_dataset, build_transform, default_data_root, load_image
 from vit_core.training.recipe import Recipe
-from webapp.catalog import BUNDLED as BUNDLE
-from webapp.catalog import BUNDLED_RECIPES, ROOT
+from webapp.registry.catalog import BUNDLED as BUNDLE
+from webapp.registry.catalog import BUNDLED_RECIPES, ROOT
 
 
 def test_bundle_is_small_and_is_the_recipes_model():

@@ -38,7 +38,7 @@ from vit_core.calibration.ood import (
 from vit_core.data import InMemoryImageDataset, build_dataset, build_transform, class_subset, fixed_subset
 from vit_core.io.calibration_file import OOD_NAME, write_calibration
 from vit_core.io.model_card import render_model_card
-from webapp.model_info import UNSURE_BELOW, facts, verdict
+from webapp.inference.model_info import UNSURE_BELOW, facts, verdict
 
 from .test_docs import marked_block
 from .test_engine import make_image_folder, one_thread  # noqa: F401  (autouse fixture)

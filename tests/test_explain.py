@@ -27,7 +27,7 @@ from vit_core.data import build_dataset, build_transform, default_data_root
 from vit_core.explain import faithfulness, inspection
 from vit_core.models.config import TIMM_MODEL_ARGS
 from vit_core.models.model import VisionTransformer, resample_pos_embed
-from webapp.catalog import BUNDLED as BUNDLE
+from webapp.registry.catalog import BUNDLED as BUNDLE
 
 # ---------------------------------------------------------------------------------- fixtures
 

@@ -25,7 +25,7 @@ import vit_core
 from vit_core import explain
 from vit_core.data import build_dataset, build_transform, default_data_root, load_image
 from vit_core.explain import faithfulness, lrp, lrp_rules
-from webapp.catalog import BUNDLED as BUNDLE
+from webapp.registry.catalog import BUNDLED as BUNDLE
 
 KINDS = {
     "token": {},

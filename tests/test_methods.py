@@ -24,13 +24,12 @@ from bench import explain_sanity
 from vit_core import explain, methods
 from vit_core.data import build_transform
 from vit_core.explain import lrp
-from webapp import analysis
-from webapp.models import Models
-from webapp.options import Options
-from webapp.settings import parse_settings
+from webapp.inference import analysis
+from webapp.inference.settings import parse_settings
+from webapp.registry.models import Models
+from webapp.registry.options import Options
 from webapp.tabs import batch, classify, compare
-from webapp.ui.context import Context
-from webapp.ui.endpoints import Request
+from webapp.ui.endpoints import Context, Request
 
 from .test_docs import marked_block
 
@@ -198,7 +197,7 @@ def test_a_methods_cost_decides_where_it_runs(ctx, monkeypatch):
     many forward passes (RISE) only within the budget, and the refusal names the methods that run. The FLOPs are
     counted by hand for the tiny model: 16 patches of 8x8x3 pixels, 17 tokens of width 32, 2 blocks of 2 heads,
     an MLP of width 128, 5 classes (a multiply-add counts 2)."""
-    from webapp import settings
+    from webapp.inference import settings
 
     model, _ = ctx.models.get(ctx.models.default)
     tokens, width = 17, 32

@@ -1,6 +1,6 @@
 """New sessions (issue 57, round three): cheap to make, and on a public server rate-limited per address group
-(``webapp.newcomers``). The bucket on a clock of the test's own; the state against Gradio's own; the limit through
-a Gradio app served from this process behind a pretend proxy, and through ``app.py`` as a Space runs it."""
+(``webapp.server.newcomers``). The bucket on a clock of the test's own; the state against Gradio's own; the limit
+through a Gradio app served from this process behind a pretend proxy, and through ``app.py`` as a Space runs it."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from starlette.middleware import Middleware
 
 from tests.net import free_port
 from tests.test_app_security import App
-from webapp import newcomers
-from webapp.newcomers import LightState, RequestScope, SessionRate
-from webapp.sessions import Sessions
+from webapp.server import newcomers
+from webapp.server.newcomers import LightState, RequestScope, SessionRate
+from webapp.server.sessions import Sessions
 
 
 def test_the_bucket_holds_a_burst_then_refills_at_its_rate():

@@ -1,4 +1,4 @@
-"""webapp.render: what a map's colours and colour bar claim."""
+"""webapp.inference.render: what a map's colours and colour bar claim."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from webapp import render
-from webapp.catalog import ROOT
+from webapp.inference import render
+from webapp.registry.catalog import ROOT
 
 
 def _colours(img: Image.Image, box: tuple[int, int, int, int]) -> int:

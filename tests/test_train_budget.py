@@ -14,9 +14,9 @@ import pytest
 from tests.test_train_tab import ctx, two_classes  # noqa: F401 (fixture)
 from vit_core.finetune import finetune_folder
 from vit_core.finetune.budget import BudgetTooShort
-from webapp import estimates
+from webapp.inference import estimates
+from webapp.jobs.trainset import PUBLIC, decode_folder, from_zip
 from webapp.tabs import train
-from webapp.trainset import PUBLIC, decode_folder, from_zip
 
 # What the estimate of calibrating and writing may miss on a machine shared with other work. Measured here
 # (bench/results/train_memory.txt, the job "small"): the whole job ended within its budget plus its start.

@@ -17,14 +17,13 @@ import pytest
 from PIL import Image
 
 from tests.test_train_tab import ctx, make_zip, public_ctx, two_classes  # noqa: F401 (fixtures)
-from webapp import tempfiles, training
-from webapp.access import ModelError
-from webapp.sessions import Sessions
+from webapp.jobs.trainer import GRACE_S, Trainer, TrainingBusy, zip_run
+from webapp.jobs.trainset import Limits, Stopped, decode_folder, from_zip
+from webapp.registry.access import NOT_YOURS, Caller, ModelError, caller, calling
+from webapp.server import tempfiles
+from webapp.server.sessions import Sessions
 from webapp.tabs import train
-from webapp.trained import NOT_YOURS, Caller, caller, calling
-from webapp.training import Trainer, TrainingBusy
-from webapp.trainset import Limits, Stopped, decode_folder, from_zip
-from webapp.ui.context import Context
+from webapp.ui.endpoints import Context
 
 
 def _png(side: int) -> bytes:
@@ -125,7 +124,7 @@ def test_every_folder_of_a_job_goes_when_it_ends_however_it_ends(public_ctx, tmp
             (done.out / path.name).write_bytes(path.read_bytes())
     (done.out / "checkpoint.pt").write_bytes(bytes(1000))
     (done.folder / "job.json").write_text("{}")
-    training.zip_run(done.out, done.folder / f"{done.out.name}.zip")
+    zip_run(done.out, done.folder / f"{done.out.name}.zip")
     trainer.register(done, ["a", "b"])
     trainer.finish(done)  # served: its run folder only, without the optimizer's state
     assert [p.relative_to(trainer.root).as_posix() for p in trainer.root.glob("*/*")] == [
@@ -165,17 +164,17 @@ def test_what_training_holds_is_capped_per_address_and_in_all(public_ctx, monkey
         (job.out / "model.safetensors").write_bytes(bytes(3000))
         trained = trainer.register(job, ["a", "b"])
         trainer.finish(job)
-    monkeypatch.setattr(training, "JOB_RESERVE", 1000)
-    monkeypatch.setattr(training, "MAX_HELD_PER_ADDRESS", 3500)
+    monkeypatch.setattr("webapp.jobs.trainer.JOB_RESERVE", 1000)
+    monkeypatch.setattr("webapp.jobs.trainer.MAX_HELD_PER_ADDRESS", 3500)
     with calling(Caller("s2", "10.0.0.1")), pytest.raises(TrainingBusy, match="room one visitor has"):
         trainer.start("s2", 1)
     with calling(Caller("s3", "10.0.0.2")):
         trainer.finish(trainer.start("s3", 1))  # another address has room
-    monkeypatch.setattr(training, "MAX_HELD_BYTES", 3500)
+    monkeypatch.setattr("webapp.jobs.trainer.MAX_HELD_BYTES", 3500)
     with calling(Caller("s3", "10.0.0.2")), pytest.raises(TrainingBusy, match="as many trained models"):
         trainer.start("s3", 1)
-    monkeypatch.setattr(training, "MAX_HELD_BYTES", 10**12)
-    monkeypatch.setattr(training, "MIN_FREE_DISK", 1 << 60)  # the disk: checked before every job
+    monkeypatch.setattr("webapp.jobs.trainer.MAX_HELD_BYTES", 10**12)
+    monkeypatch.setattr("webapp.jobs.trainer.MIN_FREE_DISK", 1 << 60)  # the disk: checked before every job
     with pytest.raises(TrainingBusy, match="disk is nearly full"):
         trainer.start("s4", 1)
     models.forget(trained.value)
@@ -255,4 +254,4 @@ def test_try_again_counts_the_overrun_this_server_measured(public_ctx):  # noqa:
     with pytest.raises(TrainingBusy, match="try again in 1 min"):
         trainer.start("d", 1)
     trainer.finish(second)
-    assert trainer.overrun_s == training.GRACE_S  # a killed job's overrun: never counted past the kill
+    assert trainer.overrun_s == GRACE_S  # a killed job's overrun: never counted past the kill

@@ -1,9 +1,10 @@
-"""The Train tab (``webapp.tabs.train``, ``webapp.training``, ``webapp.trainset``): a zip of labelled photos becomes a
+"""The Train tab (``webapp.tabs.train``, ``webapp.jobs.trainer``, ``webapp.jobs.trainset``): a zip of labelled photos
+becomes a
 folder of re-encoded images under names of ours (no member path reaches the disk), the limits refuse what breaks
 them, one job runs at a time across the server, a trained model is served to its session under a private value
 (public mode too, where local paths are refused) and deleted after its time (an injected clock), a public server
 refuses to push, and a short run trains, calibrates and serves a model of the zip's classes. The result page
-(``webapp.train_result``) reads as sentences, a table, a matrix and a gallery whose photos open in Classify; a bad
+(``webapp.jobs.result_page``) reads as sentences, a table, a matrix and a gallery whose photos open in Classify; a bad
 zip is a line in the progress that changes nothing else; a cancelled run leaves the model in use; the loss curve
 has its axes named and room to show whole; Classify offers its examples only for a model of their classes."""
 
@@ -21,15 +22,14 @@ from PIL import Image
 
 import app
 import vit_core
-from webapp import estimates, train_result
-from webapp.access import ModelError
-from webapp.admission import Busy, Gate, rss
-from webapp.options import Options
+from webapp.jobs import cost, result_page
+from webapp.jobs.trainer import PRIVATE_PREFIX, Trainer, TrainingBusy
+from webapp.jobs.trainset import PUBLIC, Limits, class_of, decode_folder, from_zip
+from webapp.registry.access import Caller, ModelError, Trained, calling
+from webapp.registry.options import Options
+from webapp.server.admission import Busy, Gate, rss
 from webapp.tabs import classify, train
-from webapp.trained import Trained
-from webapp.training import PRIVATE_PREFIX, Trainer, TrainingBusy
-from webapp.trainset import PUBLIC, Limits, class_of, decode_folder, from_zip
-from webapp.ui.context import Context
+from webapp.ui.endpoints import Context
 
 SMALL = Limits(max_images=40, max_classes=3, max_minutes=1, max_zip_mb=1)
 
@@ -159,10 +159,17 @@ def test_trained_model_served_to_its_session_in_public_mode_and_deleted_after_an
         models.get(trained.value)
 
 
-def _listed_on_load(ctx: Context, session: str) -> list[tuple[str, str]]:
-    """The picker's choices as a page of ``session`` that loads now gets them (the page's load event)."""
+def _on_load(ctx: Context, session: str, kept: dict | None = None) -> gr.Dropdown:
+    """The picker as a page of ``session`` that loads now gets it (the page's load event), its browser's storage
+    holding ``kept``."""
     (load,) = [fn for fn in app.build_ui(ctx).fns.values() if fn.api_name == "on_load"]
-    *_, picker = load.fn(ctx.models.default, request=types.SimpleNamespace(session_hash=session))
+    *_, picker = load.fn(ctx.models.default, kept, request=types.SimpleNamespace(session_hash=session))
+    return picker
+
+
+def _listed_on_load(ctx: Context, session: str) -> list[tuple[str, str]]:
+    """The picker's choices as a page of ``session`` that loads now gets them."""
+    picker = _on_load(ctx, session)
     return [tuple(c) for c in (picker["choices"] if isinstance(picker, dict) else picker.choices)]
 
 
@@ -192,6 +199,50 @@ def test_a_page_that_loads_after_training_lists_the_trained_model_by_its_label(c
     assert mine.value not in [v for _, v in _listed_on_load(public_ctx, "someone else")]
     public_ctx.models.forget(mine.value)
     assert public_ctx.models.trained.get(mine.value) is None and not public.of_session("visitor")
+
+
+def test_the_misclassified_photos_outlive_the_job_as_long_as_the_model(tmp_path):
+    """The result page's misclassified photos are what a click opens in Classify after the job has ended (its
+    folder swept): they stay while the model is served. Mixed labels (the same colours in both classes) make
+    some held-out photos wrong whatever the model learns."""
+    members = {f"a/{i}.jpg": _jpeg((40 * i, 90, 200 - 40 * i)) for i in range(5)}
+    members |= {f"b/{i}.jpg": _jpeg((40 * i + 5, 90, 195 - 40 * i)) for i in range(5)}
+    ctx = app.setup("bundled")  # its own registry of trained models, which the sweep below empties
+    ctx.trainer = Trainer(ctx.models, tmp_path / "runs", ttl=None)
+    request = types.SimpleNamespace(session_hash="mixed")
+    *_, last = train.train(ctx, str(make_zip(tmp_path / "mixed.zip", members)), ctx.models.default, 0.2, False, request)
+    shown, details = last[8], last[7]
+    assert last[0] == "Done." and details["details"]["misclassified"] and shown, last[0]
+    assert all(Path(p).is_file() for p in shown)  # the job's folder is gone; these are not in it
+    opened = train.open_photo(ctx, shown, types.SimpleNamespace(index=0))
+    assert opened == shown[0] and Image.open(opened).size[0] > 0
+    ctx.trainer.ttl, ctx.trainer.clock = 0.0, lambda: time.time() + 1  # the model's hour is over
+    ctx.trainer.sweep()
+    assert not any(Path(p).exists() for p in shown)  # gone with the model that they explain
+
+
+def test_a_reload_keeps_the_trained_model_chosen_in_its_browser_only(ctx, public_ctx):
+    """The page said "it stays in this browser session only", and a reload lost it on a public server (locally the
+    reloaded picker was back on the bundled model): the browser keeps the model's value and the last choice, and
+    a page loaded later in it, from the trainer's address, lists the model and is on it. Another address that
+    presents the value gets nothing."""
+    public = Trainer(public_ctx.models, None, ttl=3600)
+    with calling(Caller("first page", "10.0.0.1")):
+        mine = _trained_copy(public, public_ctx.models, "first page")
+    kept = {"choice": mine.value, "trained": [mine.value]}
+    with calling(Caller("after a reload", "10.0.0.1")):
+        picker = _on_load(public_ctx, "after a reload", kept)
+        assert picker.value == mine.value and (mine.label, mine.value) in [tuple(c) for c in picker.choices]
+        assert public_ctx.models.get(mine.value, wait=60)[0] is not None  # it loads for this page
+    with calling(Caller("elsewhere", "10.0.0.9")):
+        picker = _on_load(public_ctx, "elsewhere", kept)
+        assert picker.value != mine.value and mine.value not in [v for _, v in picker.choices]
+        with pytest.raises(gr.Error, match="trained in another session"):
+            public_ctx.models.get(mine.value)
+    local = _trained_copy(ctx.trainer, ctx.models, "a local page")
+    with calling(Caller("reloaded", "127.0.0.1")):
+        assert _on_load(ctx, "reloaded", {"choice": local.value, "trained": []}).value == local.value
+        assert _on_load(ctx, "reloaded", {"choice": "../../etc", "trained": [42, None]}).value != "../../etc"
 
 
 def test_public_server_refuses_to_push(public_ctx):
@@ -243,13 +294,13 @@ def test_a_short_run_trains_calibrates_and_serves_a_model_of_the_zip_classes(ctx
 def test_the_job_holds_its_estimate_in_the_memory_gate(ctx, tmp_path):
     """A server whose budget cannot hold the training process refuses the job before it starts one, and
     frees the slot for the next."""
-    gate = Gate(max_memory=rss() + estimates.WORKER_BYTES // 2, max_wait=0)
+    gate = Gate(max_memory=rss() + cost.WORKER_BYTES // 2, max_wait=0)
     small = Context(ctx.models, gate=gate, trainer=ctx.trainer)
     photos = str(two_classes(tmp_path / "p.zip"))
     (update,) = train.train(small, photos, ctx.models.default, 0.1, False, types.SimpleNamespace(session_hash="g"))
     assert update[0].startswith("⚠️ This request needs about") and _unchanged(update)
     assert issubclass(Busy, gr.Error)  # what ``train`` turns into its progress line
-    assert train.estimate(ctx, {"model_choice": ctx.models.default}) > estimates.WORKER_BYTES
+    assert train.estimate(ctx, {"model_choice": ctx.models.default}) > cost.WORKER_BYTES
     ctx.trainer.finish(ctx.trainer.start("next", 1))
 
 
@@ -397,33 +448,33 @@ def _result(data: Path) -> dict:
 
 def test_the_result_page_reads_as_sentences_a_table_a_matrix_and_a_gallery(tmp_path):
     result = _result(tmp_path / "data")
-    text = train_result.summary(result, "Trained here at 10:00: ants, bees")
+    text = result_page.summary(result, "Trained here at 10:00: ants, bees")
     assert "**Done**: held-out accuracy **77.8%** on 9 photos." in text  # the matrix's: 7 of 9, as the table
     assert "**How it trained**: LP-FT" in text and result["strategy_reason"] in text
     assert "| ants | 5 | 4 | 80.0% |" in text and "| bees | 4 | 3 | 75.0% |" in text
     assert "4.2 points" in text and "over 812 is answered" in text and "1 in 20" in text
     others = dict(result["details"], kept=0.92, others=10, others_chose=5, others_measured=5, others_turned_away=0.8)
-    text_others = train_result.summary(result | dict(details=others), None)
+    text_others = result_page.summary(result | dict(details=others), None)
     assert "92% of your held-out photos" in text_others and "1 in 13" in text_others
     assert "5 of your 10 photos of other things (`_other`) chose how" in text_others
     assert "of the 5 that measure it, it turns away 80%." in text_others
     # the fit could keep every held-out photo (ties in a tiny held-out set): no "1 in ..." of a zero share
     one = dict(others, kept=1.0, others=1, others_chose=1, others_measured=1, others_turned_away=1.0)
-    text_one = train_result.summary(result | dict(details=one), None)
+    text_one = result_page.summary(result | dict(details=one), None)
     assert "100% of your held-out photos" in text_one and "1 of your 1 photos" in text_one
     assert "Trained here at 10:00" in text and "click one below to open it in Classify" in text
-    assert train_result.confusion_image(result).size[0] > 200
-    shown = train_result.keep_misclassified(result, tmp_path / "data", tmp_path / "kept")
+    assert result_page.confusion_image(result).size[0] > 200
+    shown = result_page.keep_misclassified(result, tmp_path / "data", tmp_path / "kept")
     assert [c for _, c in shown] == ["ants → bees (71%)", "bees → ants (55%)"]
     assert all(Path(p).parent == tmp_path / "kept" and Path(p).is_file() for p, _ in shown)
     other = result | dict(val_accuracy=66.7)  # the run's evaluation, by a tie the other way: the table's wins
-    assert "**77.8%**" in train_result.summary(other, None)
+    assert "**77.8%**" in result_page.summary(other, None)
     none = result | dict(details=result["details"] | dict(threshold=None))
-    assert "no detector was fitted" in train_result.summary(none, None)
+    assert "no detector was fitted" in result_page.summary(none, None)
     cancelled = result | dict(complete=False, details={})
-    text = train_result.summary(cancelled, None)
+    text = result_page.summary(cancelled, None)
     assert text.startswith("**Cancelled** after 12 steps: the model in use is unchanged") and "picker" not in text
-    assert train_result.confusion_image(cancelled) is None
+    assert result_page.confusion_image(cancelled) is None
 
 
 def test_classify_offers_its_examples_only_for_a_model_of_their_classes(ctx, tmp_path):
@@ -439,8 +490,8 @@ def test_classify_offers_its_examples_only_for_a_model_of_their_classes(ctx, tmp
     (load,) = [fn for fn in app.build_ui(ctx).fns.values() if fn.api_name == "on_load"]
     (at,) = [i for i, o in enumerate(load.outputs) if isinstance(o, gr.Dataset)]
     request = types.SimpleNamespace(session_hash="ex")
-    shown = load.fn(ctx.models.default, request=request)[at]
-    hidden = load.fn(value, request=request)[at]
+    shown = load.fn(ctx.models.default, None, request=request)[at]
+    hidden = load.fn(value, None, request=request)[at]
     assert _visible(shown) is True and _visible(hidden) is False
     ctx.models.forget(value)
     # ImageNet's names hold the examples' classes as words: its models keep them (the default with the Hub)

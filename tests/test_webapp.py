@@ -11,7 +11,6 @@ import struct
 import zipfile
 from contextlib import nullcontext
 from pathlib import Path
-from types import SimpleNamespace
 
 import gradio as gr
 import numpy as np
@@ -23,13 +22,15 @@ import vit_core
 from vit_core import explain, methods
 from vit_core.calibration import Calibration, calibrated_views, predict
 from vit_core.data import ImageDataError, TooManyPixelsError, build_transform, load_image, read_header
-from webapp import analysis, archives, catalog, model_info, options, render, settings
-from webapp.admission import MB, Gate, rss
-from webapp.analysis import Analysis, AnalysisCache, analyse
-from webapp.catalog import BUNDLED, ROOT
-from webapp.settings import Settings, parse_settings
+from webapp.inference import analysis, archives, model_info, render, settings
+from webapp.inference.analysis import Analysis, AnalysisCache, analyse
+from webapp.inference.settings import Settings, parse_settings
+from webapp.registry import catalog, options
+from webapp.registry.catalog import BUNDLED, ROOT
+from webapp.server.admission import MB, Gate, rss
 from webapp.tabs import batch, compare, explore
-from webapp.ui import fresh, picker
+from webapp.ui import events, picker
+from webapp.ui.endpoints import problem
 
 from .rss import peak_of
 
@@ -575,8 +576,8 @@ def test_layers_and_heads_are_numbered_from_0_everywhere():
 
 
 def test_tickets_drop_answers_to_older_requests_and_about_a_previous_subject():
-    t = fresh.Tickets(max_entries=3)
-    cat, dog = fresh.subject_of("cat.jpg", "bundled"), fresh.subject_of("dog.jpg", "bundled")
+    t = events.Tickets(max_entries=3)
+    cat, dog = events.subject_of("cat.jpg", "bundled"), events.subject_of("dog.jpg", "bundled")
     assert t.start("page", "classify", 2, cat) and t.current("page", "classify", 2, cat)
     assert not t.start("page", "classify", 1, cat)  # sent before the one already running: its answer is stale
     assert t.start("page", "classify", 5, cat) and not t.current("page", "classify", 2, cat)  # the newest wins
@@ -587,57 +588,65 @@ def test_tickets_drop_answers_to_older_requests_and_about_a_previous_subject():
     assert t.start("other page", "classify", 1, cat)  # pages apart
     assert t.start(None, "classify", 0, cat) and t.start("page", "classify", None, cat)  # the API: no ticket
     # files: a list from each request, the same files the same subject, hashable (a list is not)
-    files = fresh.subject_of(["a.png", "b.zip"], "m")
-    assert hash(files) == hash(fresh.subject_of(["a.png", "b.zip"], "m"))
+    files = events.subject_of(["a.png", "b.zip"], "m")
+    assert hash(files) == hash(events.subject_of(["a.png", "b.zip"], "m"))
     t.change("page", "batch", 5, files)  # requests sent before it: current when about these files
-    assert t.current("page", "batch", 3, fresh.subject_of(["a.png", "b.zip"], "m"))
-    assert not t.current("page", "batch", 3, fresh.subject_of(["a.png", "c.zip"], "m"))  # other files
-    assert not t.current("page", "batch", 3, fresh.subject_of(["a.png", "b.zip"], "other model"))
+    assert t.current("page", "batch", 3, events.subject_of(["a.png", "b.zip"], "m"))
+    assert not t.current("page", "batch", 3, events.subject_of(["a.png", "c.zip"], "m"))  # other files
+    assert not t.current("page", "batch", 3, events.subject_of(["a.png", "b.zip"], "other model"))
     for i in range(5):
         t.start(f"page {i}", "g", 1)
     assert len(t._newest) == 3  # bounded: the least recently used are forgotten
 
 
 def test_an_answer_is_shown_in_place_of_the_outputs_or_dropped_when_stale(monkeypatch):
-    monkeypatch.setattr(fresh, "TICKETS", fresh.Tickets())
-    page, cat = SimpleNamespace(session_hash="page"), fresh.subject_of("cat.jpg", "bundled")
+    monkeypatch.setattr(events, "TICKETS", events.Tickets())
+    cat = events.subject_of("cat.jpg", "bundled")
 
     def refused():
         raise gr.Error("not an image")
 
     free = nullcontext()  # no memory gate
-    assert fresh.answer(page, "g", 1, cat, 2, lambda: ("map", "cat"), lambda e: (None, e), free) == ("map", "cat")
-    failed = fresh.answer(page, "g", 2, cat, 2, refused, lambda e: (None, fresh.problem(e)), free)
+    assert events.if_newest(
+        events.Ticket("page", "g", 1, cat), 2, lambda: ("map", "cat"), lambda e: (None, e), free
+    ) == ("map", "cat")
+    failed = events.if_newest(events.Ticket("page", "g", 2, cat), 2, refused, lambda e: (None, problem(e)), free)
     assert failed == (None, "⚠️ not an image")
 
     def overtaken():  # the page chooses another image while this runs
-        fresh.TICKETS.change("page", "g", 4, fresh.subject_of("dog.jpg", "bundled"))
+        events.TICKETS.change("page", "g", 4, events.subject_of("dog.jpg", "bundled"))
         return "old map", "cat"
 
-    skipped = fresh.answer(page, "g", 3, cat, 2, overtaken, lambda e: (None, e), free)
+    skipped = events.if_newest(events.Ticket("page", "g", 3, cat), 2, overtaken, lambda e: (None, e), free)
     assert all(isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1 for v in skipped)
-    assert fresh.answer(page, "g", 3, cat, 2, lambda: ("x", "y"), lambda e: e, free) == skipped  # not even run
+    assert (
+        events.if_newest(events.Ticket("page", "g", 3, cat), 2, lambda: ("x", "y"), lambda e: e, free) == skipped
+    )  # not even run
 
 
 def test_a_request_refused_for_memory_says_so_in_place_and_still_overtakes_the_older_ones(monkeypatch):
     """Raw attention chosen while a RISE map computes, on a server whose memory budget the RISE request fills:
     the newer request is refused ("busy") in place of the results, and the RISE answer, finishing after it, is
     dropped: otherwise the RISE map would land under a radio that says Raw attention."""
-    monkeypatch.setattr(fresh, "TICKETS", fresh.Tickets())
-    page, cat = SimpleNamespace(session_hash="page"), fresh.subject_of("cat.jpg", "bundled")
+    monkeypatch.setattr(events, "TICKETS", events.Tickets())
+    cat = events.subject_of("cat.jpg", "bundled")
     gate = Gate(max_memory=rss() + 300 * MB, max_wait=0)  # room for one request of 250 MB
 
     def failed(message: str) -> tuple:
-        return None, fresh.problem(message)
+        return None, problem(message)
 
     def rise():
-        raw = fresh.answer(page, "g", 2, cat, 2, lambda: ("raw map", "cat"), failed, gate.held(250 * MB))
+        raw = events.if_newest(
+            events.Ticket("page", "g", 2, cat), 2, lambda: ("raw map", "cat"), failed, gate.held(250 * MB)
+        )
         assert raw[0] is None and raw[1].startswith("⚠️ The server is busy; try again in "), raw
         return "RISE map", "cat"
 
-    stale = fresh.answer(page, "g", 1, cat, 2, rise, failed, gate.held(250 * MB))
+    stale = events.if_newest(events.Ticket("page", "g", 1, cat), 2, rise, failed, gate.held(250 * MB))
     assert all(isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1 for v in stale), stale
-    assert fresh.answer(page, "g", 3, cat, 2, lambda: ("raw map", "cat"), failed, gate.held(250 * MB)) == (
+    assert events.if_newest(
+        events.Ticket("page", "g", 3, cat), 2, lambda: ("raw map", "cat"), failed, gate.held(250 * MB)
+    ) == (
         "raw map",
         "cat",
     )  # the budget is free again

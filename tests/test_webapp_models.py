@@ -1,4 +1,4 @@
-"""The app's model layer (``webapp.models``, ``access``, ``sizing``, ``catalog``) in-process, against a local
+"""The app's model layer (``webapp.registry.models``, ``access``, ``sizing``, ``catalog``) in-process, against a local
 Hub (``tests/hub_server.py``) serving repos laid out as the paper's checkpoints on the Hub: what web users
 may load, what it may cost, how the cache is bounded and keyed, and what people read when it fails."""
 
@@ -30,11 +30,13 @@ import vit_core
 from tests.hub_server import FakeHub, _Handler, timm_vit_files, transformers_vit_files
 from tests.rss import rss_mb
 from vit_core.models.cost import state_shapes
-from webapp import access, memory, models, options
-from webapp.catalog import AUTO, BUNDLED, BUNDLED_LABEL, CURATED, ROOT, imagenet_names
-from webapp.errors import public, user_error
-from webapp.models import Models
-from webapp.options import Options
+from webapp import resources
+from webapp.errors import public
+from webapp.registry import access, models, options
+from webapp.registry.catalog import AUTO, BUNDLED, BUNDLED_LABEL, CURATED, ROOT, imagenet_names
+from webapp.registry.models import Models
+from webapp.registry.options import Options
+from webapp.ui.endpoints import user_error
 
 CPU = torch.device("cpu")
 B16 = "google/vit-base-patch16-224"
@@ -423,7 +425,7 @@ def test_memory_is_returned_after_a_failed_load(tmp_path, monkeypatch):
     m = Models(CPU)
     m.set_default(BUNDLED_LABEL)
     monkeypatch.setattr(models, "build_transform", broken)
-    memory.release_memory()
+    resources.release_memory()
     before = rss_mb()
     for _ in range(3):
         assert "unexpected error" in _error(m, str(folder), wait=120)
@@ -435,7 +437,7 @@ def test_memory_is_returned_after_a_failed_load(tmp_path, monkeypatch):
 def test_glibc_takes_the_arena_limit():
     """The app's first step (``limit_arenas``): glibc accepts M_ARENA_MAX; the burst test in
     test_app_security.py shows what it does to RSS."""
-    assert memory.limit_arenas(2)
+    assert resources.limit_arenas(2)
 
 
 # ------------------------------------------------------------------------------------ what people read

@@ -5,9 +5,9 @@ module owns
   settings, ``page.controls``, and the picker, ``page.picker``), returning a ``webapp.ui.endpoints.Tab`` that
   declares its endpoints: the API's (``/classify``..., made by ``endpoints.api`` from its computation), the
   page's requests (their computation, outputs, what the outputs show when cleared or failed), each with its
-  ``estimate`` of a request's memory (``webapp.estimates``'s parts);
+  ``estimate`` of a request's memory (``webapp.inference.estimates``'s parts);
 - its computation, on a ``Request`` (the values by name, their ``MapSettings``).
 
-``webapp.ui.wiring`` makes every handler and event from the declarations (gated, ticketed: ``webapp.ui.fresh``).
+``webapp.ui.events`` makes every handler and event from the declarations (gated, ticketed: ``webapp.ui.events``).
 Adding a tab is one module with these and one entry in ``app.TABS`` (``docs/extending.md``).
 """

@@ -1,8 +1,8 @@
 """The Batch tab: several images, or zip archives of images, at once: a gallery of overlays and a CSV of each
 image's top-k predictions; ``/batch`` is the API. New files or another model clear the results (``fresh``).
 
-The uploads are read by ``webapp.archives`` (zip archives safely, one image's bytes at a time). Images are then
-decoded, classified and let go one at a time (``classify_batch``): each goes through ``analysis.decode``, the
+The uploads are read by ``webapp.inference.archives`` (zip archives safely, one image's bytes at a time). Images are
+then decoded, classified and let go one at a time (``classify_batch``): each goes through ``analysis.decode``, the
 decode every tab uses (so a file gets the Classify tab's numbers here), its decoding cost read from its header
 first: at most ``MAX_DECODE_BYTES`` for one image, and ``MAX_DECODED_PIXELS`` for the whole batch. Only the small
 results stay: the gallery's overlays (``THUMB``), the probabilities and the model inputs of one chunk
@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import io
 import shutil
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -27,15 +26,14 @@ from vit_core import VisionTransformer, methods
 from vit_core.calibration import predict
 from vit_core.data import ImageDataError, ImageTransform
 
-from .. import estimates, render
-from ..analysis import MAX_SIDE, autocast, decode, needed_side, read_upload_header
-from ..archives import MAX_IMAGES, Item, read_uploads
-from ..errors import user_errors
-from ..model_info import UNSURE_BELOW, verdict
-from ..settings import Settings, legend, lrp_based, lrp_notice
-from ..ui.context import Context
+from ..inference import estimates, render
+from ..inference.analysis import MAX_SIDE, autocast, decode, needed_side, read_upload_header
+from ..inference.archives import MAX_IMAGES, Item, read_uploads
+from ..inference.model_info import UNSURE_BELOW, verdict
+from ..inference.settings import Settings, legend, lrp_based, lrp_notice
+from ..server.tempfiles import process_folder
 from ..ui.controls import tiles
-from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api, problem_last
+from ..ui.endpoints import Answer, Api, Clear, Context, Event, Page, Request, Tab, api, problem_last
 from ..ui.inputs import CheckedRadio, Uploads
 
 TITLE = "Batch"
@@ -44,7 +42,7 @@ MAX_DECODE_BYTES = 320 << 20  # memory decoding one image may take (``ImageHeade
 THUMB = 384  # long side of the gallery's overlays
 CHUNK = 16  # images per forward pass
 GRADIENT_CHUNK = 4  # per forward and backward pass: ViT-B/16 keeps about 180 MB an image for its backward pass
-OUT_DIR = Path(tempfile.gettempdir()) / "vit_core_app"  # CSVs, removed after an hour
+CSV_TTL_S = 3600.0  # a batch's CSV is kept this long, in this process's own folder
 
 
 def batchable() -> list[methods.Method]:
@@ -66,7 +64,7 @@ def _batch(ctx: Context, request: Request) -> tuple[list[tuple[Image.Image, str]
     return gallery, str(path), f"{note}; maps: {s.method.name}"
 
 
-batch = user_errors(api(_batch, ("files", "model_choice", "method", "top_k", "opacity"), method=batchable()[0].title))
+batch = api(_batch, ("files", "model_choice", "method", "top_k", "opacity"), method=batchable()[0].title)
 GROUP = "batch"
 BLANK = ([], None, "")  # gallery, CSV, summary
 
@@ -226,12 +224,14 @@ def _cell(text: str) -> str:
 def write_csv(items: list[Item], names: list[str], top_k: int) -> Path:
     """A CSV with one row per upload: the verdict, whether it is unsure, the "none of my classes" decision and
     score (empty for a model without a detector), the top-k classes and probabilities, or the error. Written to
-    a fresh folder under ``OUT_DIR``; folders older than an hour are removed."""
-    OUT_DIR.mkdir(exist_ok=True)
-    for old in OUT_DIR.iterdir():
-        if old.is_dir() and time.time() - old.stat().st_mtime > 3600:
+    a fresh folder under this process's own (``tempfiles.process_folder``); those older than ``CSV_TTL_S`` are
+    removed."""
+    out = process_folder() / "batch"
+    out.mkdir(exist_ok=True)
+    for old in out.iterdir():
+        if old.is_dir() and time.time() - old.stat().st_mtime > CSV_TTL_S:
             shutil.rmtree(old, ignore_errors=True)
-    folder = OUT_DIR / uuid.uuid4().hex
+    folder = out / uuid.uuid4().hex
     folder.mkdir()
     path = folder / "predictions.csv"
     k = max(1, min(top_k, len(names)))

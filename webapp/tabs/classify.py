@@ -18,14 +18,12 @@ from PIL import Image
 
 from vit_core import VisionTransformer
 
-from .. import estimates, model_info, render
-from ..analysis import Analysis, Step, Upload, declared, explained_class, map_key, relevance, untimed
-from ..errors import user_errors
-from ..settings import MapSettings, Settings, head_name, layer_name
-from ..ui import fresh
-from ..ui.context import EXAMPLES, Context
+from ..inference import estimates, model_info, render
+from ..inference.analysis import Analysis, Step, Upload, declared, explained_class, map_key, relevance, untimed
+from ..inference.settings import MapSettings, Settings, head_name, layer_name
+from ..registry.catalog import EXAMPLES
 from ..ui.controls import Controls, figure
-from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api
+from ..ui.endpoints import Answer, Api, Clear, Context, Event, Page, Request, Tab, api, problem
 from ..ui.inputs import JpegFigure
 
 TITLE = "Classify"
@@ -55,7 +53,7 @@ def explains(a: Analysis, s: Settings) -> str:
 
 def estimate(ctx: Context, arguments: dict) -> int:
     """A request's memory: the upload decoded, then the analysis and the map asked for (on a CPU) beside the
-    overlay (``webapp.estimates``)."""
+    overlay (``webapp.inference.estimates``)."""
     model, transform = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
     work = 0
     if model is not None and ctx.device.type == "cpu":
@@ -76,7 +74,7 @@ def _classify(ctx: Context, request: Request) -> tuple[dict[str, float], Image.I
     return answer(ctx, request)[:6]
 
 
-classify = user_errors(api(_classify, ("image", "model_choice", *MapSettings.names()), progress=True))
+classify = api(_classify, ("image", "model_choice", *MapSettings.names()), progress=True)
 
 NEW, MAP_ONLY, CACHED = "new", "map only", "cached"  # what a compute time covered (``answer``)
 
@@ -159,7 +157,7 @@ def show(ctx: Context, request: Request) -> tuple:
 
 def failed(message: str) -> tuple:
     """An error in place of the verdict."""
-    return *BLANK[:3], headline(fresh.problem(message), large=False), ""
+    return *BLANK[:3], headline(problem(message), large=False), ""
 
 
 def headline(text: str, large: bool = True) -> dict:

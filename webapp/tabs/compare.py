@@ -20,14 +20,12 @@ from PIL import Image
 from vit_core import explain, methods
 from vit_core.explain.faithfulness import deletion_insertion_auc
 
-from .. import estimates, render
-from ..analysis import Analysis, autocast, declared, explained_class, map_key, relevance
-from ..errors import user_errors
-from ..model_info import format_ms
-from ..settings import Settings, affordable, head_name, layer_name, legend, lrp_based, lrp_notice
-from ..ui.context import Context
+from ..inference import estimates, render
+from ..inference.analysis import Analysis, autocast, declared, explained_class, map_key, relevance
+from ..inference.model_info import format_ms
+from ..inference.settings import Settings, affordable, head_name, layer_name, legend, lrp_based, lrp_notice
 from ..ui.controls import tiles
-from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api, problem_last
+from ..ui.endpoints import Answer, Api, Clear, Context, Event, Page, Request, Tab, api, problem_last
 
 TITLE = "Compare"
 COMPARE_STEPS = 16  # deletion/insertion curve points: 2 x 17 forward passes per map, batched
@@ -100,7 +98,7 @@ def _compare(ctx: Context, request: Request) -> tuple[list[tuple[Image.Image, st
 
 
 SETTINGS = ("target", "layer", "head", "head_fusion", "discard_ratio", "opacity")  # the API's, in its order
-compare = user_errors(api(_compare, ("image", "model_choice", *SETTINGS), progress=True))
+compare = api(_compare, ("image", "model_choice", *SETTINGS), progress=True)
 GROUP = "compare"
 BLANK = ([], None, "")  # gallery, table, what is compared
 

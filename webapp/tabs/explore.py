@@ -22,14 +22,23 @@ from PIL import Image
 
 from vit_core import VisionTransformer, explain
 
-from .. import estimates, render
-from ..analysis import Analysis, declared
-from ..errors import user_errors
-from ..settings import Settings, head_name, layer_name
-from ..ui import fresh
-from ..ui.context import Context
+from ..inference import estimates, render
+from ..inference.analysis import Analysis, declared
+from ..inference.settings import Settings, head_name, layer_name
 from ..ui.controls import figure, head_choices, layer_range
-from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api, problem_last
+from ..ui.endpoints import (
+    Answer,
+    Api,
+    Clear,
+    Context,
+    Event,
+    Page,
+    Request,
+    Tab,
+    api,
+    problem,
+    problem_last,
+)
 from ..ui.inputs import CheckedDropdown
 
 TITLE = "Explore"
@@ -174,7 +183,7 @@ def _explore(ctx: Context, request: Request) -> tuple[Image.Image, Image.Image, 
 
 
 SETTINGS = ("layer", "head", "head_fusion", "discard_ratio", "opacity")  # the API's, after the point
-explore = user_errors(api(_explore, ("image", "model_choice", "x", "y", *SETTINGS)))
+explore = api(_explore, ("image", "model_choice", "x", "y", *SETTINGS))
 EMPTY = (None, None, None, None, None)  # x, y and the three maps
 
 
@@ -292,4 +301,4 @@ def _no_point(message: str) -> tuple:
 
 
 def _no_maps(message: str) -> tuple:
-    return gr.skip(), None, None, None, fresh.problem(message)
+    return gr.skip(), None, None, None, problem(message)

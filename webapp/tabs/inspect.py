@@ -1,5 +1,5 @@
 """The Inspect tab: the paper's figure 7 for the loaded model (filters, position-embedding similarity, mean
-attention distance over the example photos) and a summary of what it is (``webapp.model_info``); ``/inspect``.
+attention distance over the example photos) and a summary of what it is (``webapp.inference.model_info``); ``/inspect``.
 Another model clears them (``fresh``)."""
 
 from __future__ import annotations
@@ -10,12 +10,22 @@ from PIL import Image
 
 from vit_core.data import load_image
 
-from .. import estimates, model_info
-from ..admission import MB
-from ..errors import user_errors
-from ..ui.context import EXAMPLES, Context
+from ..inference import estimates, model_info
+from ..registry.catalog import EXAMPLES
+from ..resources import MB
 from ..ui.controls import figure
-from ..ui.endpoints import Answer, Api, Clear, Event, Page, Request, Tab, api, problem_last
+from ..ui.endpoints import (
+    Answer,
+    Api,
+    Clear,
+    Context,
+    Event,
+    Page,
+    Request,
+    Tab,
+    api,
+    problem_last,
+)
 
 TITLE = "Inspect"
 FIGURE_BYTES = 64 * MB  # the tab's matplotlib figures
@@ -45,7 +55,7 @@ def _inspect(ctx: Context, request: Request) -> tuple[Image.Image, Image.Image, 
     return *figs, model_info.summary(model, ctx.models.folder_of(choice))
 
 
-inspect = user_errors(api(_inspect, ("model_choice",)))
+inspect = api(_inspect, ("model_choice",))
 GROUP = "inspect"
 BLANK = (None, None, None, "")
 

@@ -1,5 +1,5 @@
 """The Train tab: fine-tune the model in use on the visitor's labelled photos (a zip, one folder per class), with
-live progress, a Cancel button, a result page (``webapp.train_result``: how it trained and why, accuracy per class,
+live progress, a Cancel button, a result page (``webapp.jobs.result_page``: how it trained and why, accuracy per class,
 the confusion matrix, the misclassified held-out photos, which a click opens in Classify, calibration in words),
 the run folder as a zip, and the picker switched to the new model so that every other tab explains it at once;
 ``/train`` streams the same progress to API clients, and its last update the same result.
@@ -9,9 +9,9 @@ everything else stays as it was: an error raised would put an error badge over e
 and the previous result included. A cancelled run leaves the model in use as it was (its run folder is offered,
 uncalibrated).
 
-The work is ``webapp.training`` (one job at a time, in a process of its own, ``vit_core.finetune``) on the
-folder ``webapp.trainset`` writes. In public mode the limits are ``trainset.PUBLIC``, the model is the session's only
-and is deleted after an hour, and there is no Hub push.
+The work is ``webapp.jobs.trainer`` (one job at a time, in a process of its own, ``vit_core.finetune``) on the
+folder ``webapp.jobs.trainset`` writes. In public mode the limits are ``trainset.PUBLIC``, the model is the session's
+only and is deleted after an hour, and there is no Hub push.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ import pandas as pd
 
 import vit_core
 
-from .. import estimates
-from ..archives import zip_directory
 from ..errors import sentence
-from ..estimates import request_only
-from ..train_result import confusion_image, keep_misclassified, summary
-from ..training import Job, TrainingBusy, zip_run
-from ..trainset import LOCAL, PUBLIC, Limits, from_zip
-from ..ui.context import Context
+from ..inference import estimates
+from ..inference.archives import zip_directory
+from ..inference.estimates import request_only
+from ..jobs import cost
+from ..jobs.result_page import confusion_image, keep_misclassified, summary
+from ..jobs.trainer import Job, TrainingBusy, zip_run
+from ..jobs.trainset import LOCAL, PUBLIC, Limits, from_zip
 from ..ui.controls import figure
-from ..ui.endpoints import Api, Page, Tab
+from ..ui.endpoints import Api, Context, Page, Tab
 from ..ui.inputs import PathFile
 
 TITLE = "Train"
@@ -56,17 +56,17 @@ def limits_of(ctx: Context) -> Limits:
 
 
 def estimate(ctx: Context, arguments: dict) -> int:
-    """The request and its training process (``estimates.training_bytes``) for ``images`` photos (the zip's
+    """The request and its training process (``cost.training_bytes``) for ``images`` photos (the zip's
     entries; without them, the most the limits allow) on the chosen model, at twice its input size with
     ``double_size``."""
     images = min(arguments.get("images") or limits_of(ctx).max_images, limits_of(ctx).max_images)
     model, _ = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
     if model is None:
-        return estimates.REQUEST_BYTES + estimates.WORKER_BYTES
+        return estimates.REQUEST_BYTES + cost.WORKER_BYTES
     cfg = model.config
     if arguments.get("double_size"):
         cfg = cfg.replace(img_size=2 * cfg.img_size)
-    return estimates.REQUEST_BYTES + estimates.training_bytes(cfg, model.num_params(), images)
+    return estimates.REQUEST_BYTES + cost.training_bytes(cfg, model.num_params(), images)
 
 
 def _curve(points: list[dict]) -> pd.DataFrame:
@@ -198,7 +198,7 @@ def _train(
         return
     trained = trainer.register(job, result["classes"])
     picker = gr.Dropdown(choices=ctx.models.choices(job.session), value=trained.value)
-    shown = keep_misclassified(result, job.data, job.folder / "misclassified")
+    shown = keep_misclassified(result, job.data, trainer.shown_folder(job.out))
     confusion = confusion_image(result)
     matrix = gr.update(value=confusion, visible=confusion is not None)
     gallery = gr.update(value=shown, visible=bool(shown))
@@ -239,7 +239,11 @@ def push(ctx: Context, repo: str, token: str, request: gr.Request | None = None)
 def build(ctx: Context, page: Page) -> Tab:
     """The limits, the upload and settings, the progress, the results and (locally) the Hub push."""
     limits, public = limits_of(ctx), ctx.models.options.public
-    keep = "It stays in this browser session only and is deleted after an hour." if public else ""
+    keep = (
+        "It is this browser's only (a reload keeps it; another browser cannot use it) and is deleted after an hour."
+        if public
+        else "The picker keeps it chosen when the page reloads."
+    )
     gr.Markdown(
         "Fine-tune the model in use (the picker above) on your own photos: a **zip with one folder per class** "
         "(`ants/1.jpg`, `bees/7.jpg`, …); optionally a folder `_other` of photos of none of your classes, which "

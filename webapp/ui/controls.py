@@ -13,7 +13,7 @@ import torch
 
 from vit_core import VisionTransformer, methods
 
-from ..settings import PREDICTED, MapSettings, legend, lrp_based, lrp_notice
+from ..inference.settings import PREDICTED, MapSettings, legend, lrp_based, lrp_notice
 from .inputs import CheckedDropdown, CheckedRadio, ImageUpload
 
 MAX_TOP_K = 10

@@ -6,8 +6,8 @@
 - Gradio checks a Dropdown's or Radio's value against its choices before a handler runs and, when it is not
   one, answers with the whole value in the message and prints a traceback: a 50 MB value sent to ``/classify``
   came back in the response and went into the log. ``CheckedDropdown`` and ``CheckedRadio`` pass the value on
-  unchecked, bounded in length, so that ``webapp.access`` (models) and ``webapp.settings`` (everything else)
-  answer with their own one-line messages, which quote at most ``errors.MAX_QUOTED`` characters of it.
+  unchecked, bounded in length, so that ``webapp.registry.access`` (models) and ``webapp.inference.settings``
+  (everything else) answer with their own one-line messages, which quote at most ``errors.MAX_QUOTED`` characters of it.
 - Gradio sends a drawn picture as WebP (15-20 ms for Classify's overlay) or, asked for JPEG, at Pillow's defaults;
   ``JpegFigure`` sends it as a JPEG of its own quality.
 """
@@ -25,10 +25,9 @@ from gradio.utils import NamedString
 from gradio_client import utils as client_utils
 from PIL import Image
 
-from ..analysis import Upload
-from ..catalog import ROOT
 from ..errors import log, quote
-from .context import EXAMPLES
+from ..inference.analysis import Upload
+from ..registry.catalog import EXAMPLES, ROOT
 
 MAX_VALUE_CHARS = 1000  # longer than any model id, path or class name the app offers
 JPEG_QUALITY = 95  # ``JpegFigure``'s

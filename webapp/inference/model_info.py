@@ -140,7 +140,7 @@ def decide(
 
 
 def analysis_decision(a: Analysis) -> Decision:
-    """``decide`` for an analysed upload (``webapp.analysis.analyse``), quoting its detector's score."""
+    """``decide`` for an analysed upload (``webapp.inference.analysis.analyse``), quoting its detector's score."""
     detector = a.model.calibration.ood if a.model.calibration is not None else None
     return decide(a.probs, a.names, a.is_ood, a.ood_score, None if detector is None else detector.threshold)
 

@@ -1,7 +1,7 @@
 """What a request will cost in memory, estimated before it runs, from its arguments: the image's header and
-the model's config, nothing decoded (``webapp.admission.Gate`` admits it when it fits). These are the parts;
+the model's config, nothing decoded (``webapp.server.admission.Gate`` admits it when it fits). These are the parts;
 each tab's ``estimate`` (``webapp.tabs``) adds up its own, and hands it to the gate with its handler
-(``webapp.ui.context.Context.handler``).
+(``webapp.ui.endpoints.Context.handler``).
 
 **The estimate**, in bytes above the idle RSS: ``REQUEST_BYTES + upload + max(decoding, after)``, the upload
 read once into memory (``analysis.Upload``), then decoded (and its full-size pixels freed) before the model
@@ -22,14 +22,6 @@ the model (CPU only)   ``vit_core.models.model.activation_bytes`` per image of a
                        steps; Batch: a chunk), a backward pass (gradient rollout, AttnLRP) ``BACKWARD`` times a
                        forward pass, and RISE's masks; on a GPU the model's memory is the GPU's, not counted here
 =====================  ===========================================================================================
-
-**The Train tab** (``training_bytes``) reserves its training process's peak RSS (``webapp.finetune_worker``: it
-reports it, ``peak_bytes``), measured with ``python -m bench.train_memory`` (``bench/results/train_memory.txt``)
-on the largest jobs the public limits allow: the process's start with the model's code (``WORKER_BYTES``), then
-the larger of decoding the photos (the costliest one, ``DECODE_BYTES``: the process hands decoding's freed pages
-back before the model comes) and training: the model's weights in their four copies, the photos held decoded,
-and the larger of a training step's activations and the largest pass without gradients (calibration's batches of
-``INFER_BATCH``).
 """
 
 from __future__ import annotations
@@ -43,34 +35,12 @@ from vit_core.data import ImageHeader, ImageTransform
 from vit_core.data.images import target_size
 from vit_core.models.cost import activation_bytes
 
-from .admission import MB
+from ..resources import MB
 from .analysis import MAX_SIDE, needed_side
-from .trainset import MAX_PIXELS as MAX_TRAIN_PIXELS
-from .trainset import MAX_SIDE as MAX_STORED_SIDE
 
 REQUEST_BYTES = 48 * MB  # Gradio's side of a request, and a margin
 BACKWARD = 6  # forward and backward passes (gradient rollout) keep this many forward passes' activations
 BATCH_IMAGES = 64  # RISE's and deletion/insertion's batches of masked images (``explain``'s batch_size)
-
-# The training process (``training_bytes``), measured with ``python -m bench.train_memory`` on 2 CPU threads
-# (bench/results/train_memory.txt): 920 MB peak for the bundled model on 16 photos (its imports alone: about 780 MB),
-# 1,588 MB on 2,000 photos, the whole model fine-tuned (calibration's batches of 500: 1.34 MB an image), 5,050 MB
-# for ViT-B/16 on 40 (a training step of 32 images).
-WORKER_BYTES = 1024 * MB  # python, torch and vit_core imported, the model's code (the 16-photo job peaked at 920 MB)
-TRAIN_BATCH = 32  # vit_core.finetune.FINETUNE_RECIPE's batch
-INFER_BATCH = 500  # ``evaluation.calibrate_model``'s batch: the largest pass without gradients (the engine's: 256)
-TRAIN_PASSES = 3.5  # a training step's activations in forward passes of ``forward_bytes`` (ViT-B/16: 2.8 measured)
-# a pass without gradients, an image: ``forward_bytes`` and a stem's largest map before its pooling twice, which
-# measured 1.34 MB (bundled, 32 px; 1.32 estimated), 3.5 (64 px; 6.8) and 10.1 (ViT-B/16, a pass alone; 11.6): x 1.25
-INFER_MARGIN = 1.25
-WEIGHT_COPIES = 4  # fp32 weights, their gradients, SGD's momentum, and bf16 copies under autocast (half) with the
-# run's exported model (half)
-STORED_SIDE = 1.15  # photos are held at the eval transform's resize: at most the input size / crop_pct (0.875)
-# decoding the costliest photo: WebP (its own buffer, copied, converted) or 16-bit gray (through float64)
-DECODE_BYTES = max(
-    ImageHeader((MAX_TRAIN_PIXELS // 5000, 5000), fmt, mode).decode_bytes(MAX_STORED_SIDE)
-    for fmt, mode in (("WEBP", "RGBA"), ("PNG", "I;16"))
-)
 
 
 def forward_bytes(cfg: ViTConfig, images: int, attention: bool = True) -> int:
@@ -141,28 +111,3 @@ def request_only(ctx: object, arguments: dict[str, Any]) -> int:
     """Listeners that compute nothing large themselves (the model picker waits for a load, which its own limits
     bound: ``--max-model-mb``, ``--max-loaded-mb``)."""
     return REQUEST_BYTES
-
-
-def training_bytes(cfg: ViTConfig, params: int, images: int) -> int:
-    """The training process's peak RSS for ``images`` photos on a model of ``cfg`` with ``params`` parameters
-    (``cfg`` at the input size it trains at), whatever strategy it chooses (see the module's docstring)."""
-    side_h, side_w = (math.ceil(STORED_SIDE * s) for s in cfg.img_hw)
-    stored = 2 * images * 3 * side_h * side_w  # uint8, and a second copy while they are stacked into one tensor
-    train = TRAIN_PASSES * forward_bytes(cfg, TRAIN_BATCH)
-    per_image = forward_bytes(cfg, 1, attention=False) + 2 * stem_map_bytes(cfg)
-    infer = INFER_MARGIN * min(images, INFER_BATCH) * per_image
-    return WORKER_BYTES + int(max(DECODE_BYTES, WEIGHT_COPIES * 4 * params + stored + max(train, infer)))
-
-
-def stem_map_bytes(cfg: ViTConfig) -> int:
-    """The largest map of a convolutional stem (``stem_channels``) before its pooling, float32; 0 without one
-    (``activation_bytes`` counts a stem's maps after their pooling)."""
-    if not cfg.stem_channels:
-        return 0
-    (h, w), scale, largest = cfg.img_hw, 1, 0
-    pools = cfg.stem_pools or (1,) * len(cfg.stem_channels)
-    for channels, stride, pool in zip(cfg.stem_channels, cfg.stem_strides, pools, strict=True):
-        scale *= stride
-        largest = max(largest, channels * -(-h // scale) * -(-w // scale))
-        scale *= pool
-    return 4 * largest

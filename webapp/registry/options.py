@@ -2,7 +2,7 @@
 the map shown first (``--default-method``, or ``VIT_DEFAULT_METHOD`` where a Space sets it).
 
 ``add_arguments`` adds them to the app's parser; ``configure`` turns the parsed values into ``Options``, which
-``webapp.models.Models`` follows, and sets up the server's log.
+``webapp.registry.models.Models`` follows, and sets up the server's log.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import yaml
 
 from vit_core import methods
 
-from .errors import log
-from .settings import DEFAULT_METHOD
+from ..errors import log
+from ..inference.settings import DEFAULT_METHOD
 
 AUTO_MODEL = "auto"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")

@@ -2,10 +2,10 @@
 
 A public Space takes any text in ``/classify``'s ``model_choice`` from anyone, so this layer decides:
 
-- **What may load** (``webapp.access``): web users choose from the operator's list (``--models``; the
+- **What may load** (``webapp.registry.access``): web users choose from the operator's list (``--models``; the
   bundled model and the curated Hub checkpoints by default); typing any folder or Hub id is for local use
   (``--allow-any-model``, on by default only when served on 127.0.0.1). Uploads are never models.
-- **What it costs** (``webapp.sizing``): a checkpoint whose declared model (or weight file) exceeds
+- **What it costs** (``webapp.registry.sizing``): a checkpoint whose declared model (or weight file) exceeds
   ``--max-model-mb`` is refused from its config and file sizes, before anything is allocated.
 - **How much stays loaded**: at most ``--max-loaded`` models and ``--max-loaded-mb`` of weights, least
   recently used evicted first (never the startup model), one entry per checkpoint whatever its spelling.
@@ -16,8 +16,8 @@ A public Space takes any text in ``/classify``'s ``model_choice`` from anyone, s
 - **What people read** (``webapp.errors``): short messages without server paths; the log (logger
   ``webapp``) gets one line per handled error and a traceback only for unexpected ones.
 
-The limits are ``webapp.options.Options`` (the command line). Before a Hub load the Hub is asked once whether it
-answers (``vit_core.io.hub.answers``): huggingface_hub would retry a dead endpoint for about 30 s per file.
+The limits are ``webapp.registry.options.Options`` (the command line). Before a Hub load the Hub is asked once whether
+it answers (``vit_core.io.hub.answers``): huggingface_hub would retry a dead endpoint for about 30 s per file.
 """
 
 from __future__ import annotations
@@ -44,13 +44,12 @@ from vit_core.io import hub
 from vit_core.io.files import CONFIG_NAME, WEIGHTS_NAME
 from vit_core.io.hub import PICKLED_WEIGHTS_NAME
 
+from ..errors import log, public, sentence
+from ..resources import MB, release_memory
 from . import sizing
-from .access import Access, Choice, ModelError, default_choices, operator_choice, trained_choice
+from .access import Access, Choice, ModelError, TrainedModels, caller, default_choices, operator_choice, trained_choice
 from .catalog import AUTO, BUNDLED_LABEL, imagenet_names
-from .errors import log, public, sentence
-from .memory import release_memory
 from .options import AUTO_MODEL, Options
-from .trained import TrainedModels, caller
 
 LOAD_WORKERS = 2  # loads of different checkpoints in parallel, per kind (local, Hub); each is within --max-model-mb
 MAX_HUB_LOADS = 4  # Hub loads running or waiting for a worker; more are refused at once
@@ -59,7 +58,6 @@ HUB_RETRY = 30.0  # seconds after the Hub did not answer during which Hub loads 
 HUB_OFFLINE = "needs the Hub: offline"  # a Hub checkpoint in the picker while it cannot load (``unavailable``)
 HUB_DOWN = "needs the Hub: not answering"
 UI_LOAD_WAIT = 300.0  # seconds the model picker waits for a load (with a progress bar)
-MB = 2**20
 
 
 @dataclass(frozen=True)

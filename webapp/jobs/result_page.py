@@ -2,7 +2,7 @@
 per class, the confusion matrix, the held-out photos it got wrong (to open in Classify), and what its calibration
 error and its "none of my classes" threshold mean, one plain sentence each.
 
-Made from the run's result as the training process reports it (``webapp.finetune_worker``: ``FinetuneResult``'s
+Made from the run's result as the training process reports it (``webapp.jobs.worker``: ``FinetuneResult``'s
 fields, the held-out ``details`` of ``vit_core.finetune.held_out``), so that the page and ``/train``'s last
 output say the same. The misclassified photos are copied out of the uploaded images before the job deletes them
 (``keep_misclassified``): the gallery and a click that opens one in Classify need them afterwards.

@@ -10,15 +10,15 @@ fill the queue (100 requests from one client: the next person was refused, or wa
 - **One memory budget** (``Gate``). Each request's peak memory is estimated before it runs (its tab's ``estimate``, from
   the image's header and the model's config, nothing decoded) and it is admitted only when it fits:
   ``base + reserved + running + cost <= --max-memory`` (``reserved``: the room Gradio's sessions may still
-  take, ``webapp.sessions``), where ``running`` sums the estimates of the requests computing
+  take, ``webapp.server.sessions``), where ``running`` sums the estimates of the requests computing
   and ``base`` is the RSS without them (``max(RSS when last idle, RSS now - running)``). Otherwise it waits
   up to ``--max-wait`` seconds for requests to finish, then hears "busy, try again in N s"; one that could
   never fit is refused at once. After a request estimated at ``TRIM_ABOVE`` or more, the freed memory is
   handed back to the OS (``memory.release_memory``: young cycles and ``malloc_trim``; a full collection
-  once the server has been idle for ``IDLE_SECONDS``), so RSS after a burst settles where it started.
+  once the server has been idle for ``QUIET_SECONDS``), so RSS after a burst settles where it started.
 
-The estimate of each request is ``webapp.estimates``; fair queueing and upload limits are
-``webapp.queueing``.
+The estimate of each request is ``webapp.inference.estimates``; fair queueing and upload limits are
+``webapp.server.queueing``.
 """
 
 from __future__ import annotations
@@ -36,14 +36,13 @@ from typing import Any
 
 import gradio as gr
 
-from .errors import log
-from .memory import release_memory
+from ..errors import log
+from ..resources import MB, release_memory
 
-MB = 2**20
 COMPUTE = "compute"  # the concurrency group of every compute listener
 DEFAULT_SHARE = 0.8  # of the container's memory limit (else the machine's): the default --max-memory
 TRIM_ABOVE = 64 * MB  # requests estimated at this or more hand their freed memory back when they finish
-IDLE_SECONDS = 2.0  # quiet after a large request before a full garbage collection
+QUIET_SECONDS = 2.0  # quiet after a large request before a full garbage collection
 
 # ------------------------------------------------------------------------------------------ the budget
 
@@ -182,11 +181,11 @@ class Gate:
 
     def _collect_when_idle(self) -> None:
         """A full collection (half a second of the interpreter's time) once the server has been idle for
-        ``IDLE_SECONDS`` after a large request: cycles that outlived the young generations go too."""
+        ``QUIET_SECONDS`` after a large request: cycles that outlived the young generations go too."""
         while True:
             self._idle.wait()
             self._idle.clear()
-            time.sleep(IDLE_SECONDS)
+            time.sleep(QUIET_SECONDS)
             with self._cond:
                 if self._count or self._idle.is_set():
                     continue  # busy again, or another request ended since: wait for its quiet

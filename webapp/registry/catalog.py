@@ -11,11 +11,14 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from timm.data import ImageNetInfo
+
+ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = ROOT / "models" / "cifar10_speedrun"
 # The recipes that trained it, in order: its recipe.json is the last one's, stage<i>_recipe.json the earlier ones'.
 BUNDLED_RECIPES = ("cifar10_speedrun_bf16", "cifar10_speedrun_photos", "cifar10_speedrun_photos7")
 BUNDLED_LABEL = "bundled: CIFAR-10 hybrid ViT"
+EXAMPLES = sorted(str(p) for p in (ROOT / "examples").glob("*.jpg"))  # shown on Classify, measured on Inspect
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,5 @@ def run_folders() -> list[str]:
 def imagenet_names() -> tuple[str, ...]:
     """The 1000 ImageNet-1k class names in index order ("tench, Tinca tinca", ...), as transformers'
     ``id2label`` has them. timm's repos often carry no names; timm bundles them, so this works offline."""
-    from timm.data import ImageNetInfo
-
     info = ImageNetInfo()
     return tuple(info.index_to_description(i) for i in range(info.num_classes()))

@@ -17,8 +17,9 @@ from PIL import Image, ImageDraw, ImageFont
 
 from vit_core import figures
 
-COLORMAP = "jet"
 Box = tuple[int, int, int, int]  # (left, top, right, bottom) in pixels
+
+COLORMAP = "jet"
 OUTLINE = (255, 255, 255)
 SHADOW = (0, 0, 0)
 IMAGE_DESCRIPTION = 0x010E  # EXIF tag

@@ -22,7 +22,7 @@ import torch
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff"}
 MAX_IMAGES = 64  # images per batch, across all files and archives
-MAX_FILES = 256  # files in one request (``webapp.payloads`` refuses more before Gradio touches them)
+MAX_FILES = 256  # files in one request (``webapp.server.payloads`` refuses more before Gradio touches them)
 MAX_MEMBERS = 10_000  # archive entries per batch, all archives together; more is refused unread
 MAX_DIRECTORY_BYTES = 8 << 20  # archive directories per batch, together (about 300 bytes an entry at most)
 MAX_IMAGE_BYTES = 32 << 20  # one image, compressed size

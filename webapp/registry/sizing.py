@@ -28,10 +28,10 @@ from vit_core.io.files import CONFIG_NAME, WEIGHTS_NAME, CheckpointError
 from vit_core.io.hub import CHECKPOINT_FILES, PICKLED_WEIGHTS_NAME
 from vit_core.models.cost import activation_bytes, state_shapes
 
+from ..resources import MB
 from .access import Choice, ModelError
 
 MAX_CONFIG_BYTES = 8 * 2**20  # ImageNet-21k configs with 21,843 labels are ~1.2 MB
-MB = 2**20
 
 
 @dataclass(frozen=True)

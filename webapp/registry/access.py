@@ -6,12 +6,34 @@ path (``d``, ``d/``, ``d/.``, ``./d``, symlinks), Hub repos by repo and revision
 operator allows it. Files under Gradio's upload folders are never models: an upload's server path is
 known to whoever uploaded it. Refusals never say whether a path exists, and where web users choose only from
 the list, a value not in it is refused from its text alone: nothing is looked up on the disk.
+
+**The models trained here** (the Train tab), recorded once: ``TrainedModels``, owned by the access rules
+(``Access.trained``). The trainer adds to it and sweeps it (``webapp.jobs.trainer``), the access rules resolve a
+trained model's value through it, and the picker lists from it: on a local server every trained model, for every
+page that loads after training; on a public one only the browser's own, whose values no one else is told.
+
+**Whose they are.** A trained model and the job that makes it belong to the caller that started the job: its
+Gradio session hash *and* its address (``queueing.client_ip``). A session hash is chosen by the client and sent in
+every request body (a REST ``/call`` may name any), so it alone would let whoever learns it use or cancel another
+visitor's; the address is the proxy's, which a client cannot choose. ``Caller`` is who asks now: set for each
+request by ``webapp.server.sessions`` around Gradio's ``process_api`` (the handlers run in threads that copy it), and
+None for calls from Python (tests, the trainer itself), which are the server's own.
+
+**A reload keeps them.** The page keeps the values of the models its browser trained, and the model chosen last,
+in the browser's storage (``webapp.ui.picker``: Gradio's ``BrowserState``, encrypted with the server's secret); a
+page loaded later in that browser presents them, and from the trainer's address its session is added to the
+model's (``TrainedModels.adopt``): the model is the browser's for its hour, as the Train tab says.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +41,101 @@ from gradio.utils import get_cache_folder, get_upload_folder
 
 from vit_core.io.hub import HUB_ID
 
+from ..errors import quote
 from .catalog import BUNDLED, BUNDLED_LABEL, CURATED, ROOT, run_folders
-from .errors import quote
-from .trained import NOT_YOURS, Trained, TrainedModels, caller
+
+PRIVATE_PREFIX = "trained:"  # the picker value of a model trained here: the prefix, then a random token
+NOT_YOURS = "This model was trained in another session: only that session can use it. Train your own on the Train tab."
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sends the request being handled: its Gradio session hash and its address group."""
+
+    session: str
+    address: str
+
+
+_CALLER: ContextVar[Caller | None] = ContextVar("trained_caller", default=None)
+
+
+def caller() -> Caller | None:
+    """The request being handled's caller; None outside a request (a call from Python: the server's own)."""
+    return _CALLER.get()
+
+
+@contextmanager
+def calling(who: Caller | None) -> Iterator[None]:
+    """Handle what runs inside as ``who``'s request."""
+    token = _CALLER.set(who)
+    try:
+        yield
+    finally:
+        _CALLER.reset(token)
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A model trained here: its picker value and readable label, its run folder, who trained it and when."""
+
+    value: str
+    label: str
+    out: Path
+    session: str
+    created: float
+    address: str | None = None  # the trainer's address (None: trained from Python, no request)
+    reloads: frozenset[str] = frozenset()  # the sessions of its browser's later pages (``TrainedModels.adopt``)
+
+    def owned_by(self, who: Caller | None) -> bool:
+        """Whether ``who`` may use this model: its browser's sessions from its address; anyone outside a
+        request."""
+        return who is None or (who.session in self.reloads | {self.session} and who.address == self.address)
+
+
+class TrainedModels:
+    """The trained models by value, oldest first; thread-safe."""
+
+    def __init__(self) -> None:
+        self._by_value: dict[str, Trained] = {}
+        self._lock = threading.Lock()
+
+    def add(self, trained: Trained) -> None:
+        with self._lock:
+            self._by_value[trained.value] = trained
+
+    def get(self, value: str) -> Trained | None:
+        with self._lock:
+            return self._by_value.get(value)
+
+    def remove(self, value: str) -> Trained | None:
+        with self._lock:
+            return self._by_value.pop(value, None)
+
+    def adopt(self, value: str, who: Caller) -> bool:
+        """A page of the browser that trained ``value`` (a reload, which presents the value its browser kept) is
+        ``who``: from the trainer's address, it may use the model too. Whether it may."""
+        with self._lock:
+            trained = self._by_value.get(value)
+            if trained is None or trained.address != who.address:
+                return False
+            self._by_value[value] = dataclasses.replace(trained, reloads=trained.reloads | {who.session})
+            return True
+
+    def created_before(self, when: float) -> list[Trained]:
+        """The models trained before ``when`` (a sweep's cut-off)."""
+        with self._lock:
+            return [t for t in self._by_value.values() if t.created < when]
+
+    def shown_to(self, session: str | None, public: bool) -> list[Trained]:
+        """The models a page lists: every one on a local server; on a public server the page's session's only."""
+        who = caller()
+        with self._lock:
+            return [
+                t
+                for t in self._by_value.values()
+                if not public or (session in t.reloads | {t.session} and t.owned_by(who))
+            ]
+
 
 PUBLIC_ROOTS = (ROOT / "models", ROOT / "runs")  # the only local folders public mode serves
 NOT_SERVED = "This app serves only the models in its list: choose one of them."
@@ -130,7 +244,7 @@ class Access:
     def __init__(self, listed: list[Choice], allow_any: bool, public: bool) -> None:
         self.allow_any, self.public = allow_any, public
         self.listed: list[Choice] = []
-        # models trained here (``webapp.training``), by a value only their trainer's session knows on a public
+        # models trained here (``webapp.jobs.trainer``), by a value only their trainer's session knows on a public
         # server, where they are served to that session from that address only (``Trained.owned_by``)
         self.trained = TrainedModels()
         for choice in listed:

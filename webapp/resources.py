@@ -1,4 +1,6 @@
-"""Handing freed memory back to the OS, so that a public server's RSS returns after a burst of requests.
+"""What the server holds of the machine: the unit it counts memory in (``MB``), the disk it keeps free
+(``MIN_FREE_DISK``), and freed memory handed back to the OS, so that a public server's RSS returns after a burst
+of requests.
 
 glibc keeps freed heap pages in its arenas (one per thread that allocated, up to 8 per core) for reuse, so
 a request that allocates large temporaries on a worker thread (RISE's batches of masked images, a failed
@@ -14,6 +16,8 @@ import gc
 import platform
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter
+MB = 2**20
+MIN_FREE_DISK = 1 << 30  # uploads, training photos and jobs that would leave less free on their disk are refused
 
 
 def limit_arenas(n: int = 2) -> bool:

@@ -6,7 +6,7 @@
   ``<dest>/<class>/<n>.img``. What decoding them all would cost (their decoded pixels, JPEG at its reduced scale)
   is summed and refused over ``Limits.max_decode_mp``, from the headers alone: 2,000 one-colour 36 MP PNGs make a
   2 MB zip that took 16 minutes to decode here, in the server, before any budget applied.
-- ``decode_folder`` (the job's process, ``webapp.finetune_worker``: where the time budget and Cancel apply). Every
+- ``decode_folder`` (the job's process, ``webapp.jobs.worker``: where the time budget and Cancel apply). Every
   image is decoded safely (``load_image``: corrupt files dropped) and re-encoded, reduced, as ``<n>.jpg``; the
   loop stops at the job's stop file or its deadline.
 
@@ -31,11 +31,11 @@ from vit_core.data import load_image, read_header
 from vit_core.data.datasets import OTHER_FOLDER
 from vit_core.data.images import ImageDataError
 
-from .archives import read_zip, zip_directory
+from ..inference.archives import read_zip, zip_directory
+from ..resources import MB, MIN_FREE_DISK
 
-MB = 2**20
-MAX_SIDE = 320  # images are stored reduced to this long side: enough for inputs up to 224 (and 2x a 64-px model)
-MAX_PIXELS = 40_000_000  # one image's declared pixels (a decompression bomb is refused from its header)
+MAX_STORED_SIDE = 320  # images are stored reduced to this long side: enough for inputs up to 224 (and 2x a 64-px model)
+MAX_PHOTO_PIXELS = 40_000_000  # one image's declared pixels (a decompression bomb is refused from its header)
 MAX_CLASS_CHARS = 40
 IGNORED_FOLDERS = {"__MACOSX"}  # what macOS's Finder adds to a zip
 RAW = ".img"  # an image's bytes as uploaded, under our name, until ``decode_folder`` replaces them
@@ -113,7 +113,6 @@ def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
     ours into the new folder ``dest`` (see the module's docstring; ``decode_folder`` decodes them). ``ValueError``
     with a sentence for the visitor when the archive breaks the limits or does not make a training set (fewer
     than 2 classes, a class with too few images). ``dest`` is left for the caller to remove."""
-    from .queueing import MIN_FREE_DISK  # the server's (gradio's); the training process imports this module too
 
     path = Path(path)
     size = path.stat().st_size
@@ -131,7 +130,7 @@ def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
         if name not in counts and name != OTHER_FOLDER and len(counts) == limits.max_classes:
             raise ValueError(f"More than {limits.max_classes} classes (folders) in the zip.")
         try:
-            w, h = read_header(io.BytesIO(data), MAX_PIXELS).decoded_size(max_side=MAX_SIDE)
+            w, h = read_header(io.BytesIO(data), MAX_PHOTO_PIXELS).decoded_size(max_side=MAX_STORED_SIDE)
         except ImageDataError as e:
             skipped.append(f"{item.name}: {str(e).split(': ')[-1]}")
             continue
@@ -169,7 +168,7 @@ def decode_folder(
         if clock() > deadline:
             raise ValueError("Reading the photos took the whole time budget: send smaller photos, or fewer.")
         try:
-            image = load_image(raw, MAX_PIXELS, max_side=MAX_SIDE)
+            image = load_image(raw, MAX_PHOTO_PIXELS, max_side=MAX_STORED_SIDE)
         except ImageDataError as e:
             skipped.append(f"{raw.parent.name}/{raw.name}: {str(e).split(': ')[-1]}")
         else:

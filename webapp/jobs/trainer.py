@@ -1,10 +1,10 @@
 """Training jobs of the Train tab: one at a time across the server, each in a process of its own
-(``webapp.finetune_worker``: its own torch threads, its own memory), and the models they trained, served to the
+(``webapp.jobs.worker``: its own torch threads, its own memory), and the models they trained, served to the
 session that trained them and, on a public server, deleted after an hour.
 
 ``Trainer.start`` takes the server's one job slot, or refuses with when to try again; ``run`` streams the
 process's progress reports; ``register`` records the run folder under a value of its own in the server's one
-registry of trained models (``webapp.trained``, which the model registry owns), a value that on a public server
+registry of trained models (``webapp.registry.access``, which the model registry owns), a value that on a public server
 only the training session is told, so that it (which loads no local path it is sent) loads it for that visitor
 and no one else; ``sweep`` deletes what is older than ``ttl`` (the clock is injectable for tests). The server's
 ``Trainer`` is its context's (``Context.trainer``, made by ``Trainer.for_server``).
@@ -15,8 +15,8 @@ and address); only that caller cancels it, and on a public server only that call
 **Disk.** Every job's folder is swept when the job ends, however it ends (``finish``): the photos, the job's files,
 the download's zip (Gradio has its own copy by then) and the run folder's ``checkpoint.pt`` go; the run folder
 itself stays only when its model was registered (and in a temporary folder only until its ``ttl``). The jobs'
-folders live in a ``vit-train-*`` folder of this process (``tempfiles.own_folder``); a server removes those of
-dead processes at start. Before a job starts, the disk must keep ``MIN_FREE_DISK`` free after ``JOB_RESERVE``
+folders live in a ``train-*`` folder of this process's own (``tempfiles.process_folder``); a server removes those
+of dead processes at start. Before a job starts, the disk must keep ``MIN_FREE_DISK`` free after ``JOB_RESERVE``
 (what one job may write), and on a public server what training holds (the run folders served and the job's) must
 stay under ``MAX_HELD_BYTES`` in all and ``MAX_HELD_PER_ADDRESS`` per address, with ``JOB_RESERVE`` to spare.
 """
@@ -31,6 +31,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zipfile
@@ -43,14 +44,13 @@ import gradio as gr
 
 from vit_core.io.files import CHECKPOINT_NAME
 
-from .catalog import ROOT
-from .errors import log
-from .models import Models
-from .queueing import MIN_FREE_DISK
-from .tempfiles import own_folder, sweep_dead_folders
-from .trained import PRIVATE_PREFIX, Trained, caller
-
-REFUSED = 3  # the worker's exit status for a job refused with a sentence (``finetune_worker.REFUSED``)
+from ..errors import log
+from ..registry.access import PRIVATE_PREFIX, Trained, caller
+from ..registry.catalog import ROOT
+from ..registry.models import Models
+from ..resources import MIN_FREE_DISK
+from ..server.tempfiles import process_folder
+from .worker import REFUSED
 
 TTL_S = 3600.0  # a public server keeps a visitor's trained model this long
 GRACE_S = 180.0  # beyond its budget, a job may take this long before it is killed (its budget covers all it does)
@@ -59,7 +59,7 @@ ZIP_SKIPPED = {CHECKPOINT_NAME}  # the optimizer's state: twice the model, and o
 # what "try again in N min" counts after a job's budget: its process's start (the budget runs from there) and what
 # the estimate of its calibration missed; 30 s until this server has seen a job end, then the longest it measured
 OVERRUN_S = 30.0
-FOLDER_PREFIX = "vit-train-"
+FOLDER_PREFIX = "train-"
 GB = 1 << 30
 # What training may hold on a public server's disk: the run folders it serves (an hour each) and the running job's
 # folder. One job writes at most ``JOB_RESERVE`` (a ViT-B/16 run folder is about 350 MB, the photos at most 250).
@@ -122,15 +122,14 @@ class Trainer:
     @classmethod
     def for_server(cls, models: Models) -> Trainer:
         """A server's trainer: run folders in the project's ``runs/``, kept, locally; on a public server in a
-        temporary folder, deleted after ``TTL_S``. The training folders of dead processes go first."""
-        sweep_dead_folders(FOLDER_PREFIX)
+        temporary folder, deleted after ``TTL_S``."""
         public = models.options.public
         return cls(models, None if public else ROOT / "runs", TTL_S if public else None)
 
     @cached_property
     def root(self) -> Path:
-        """The jobs' folders (made at the first job), held by this process."""
-        return own_folder(FOLDER_PREFIX)
+        """The jobs' folders (made at the first job), in this process's own folder."""
+        return Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX, dir=process_folder()))
 
     # ------------------------------------------------------------------------ the one job slot
 
@@ -226,7 +225,7 @@ class Trainer:
         )
         (job.folder / "job.json").write_text(json.dumps(spec))
         env = os.environ | {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
-        command = [sys.executable, "-m", "webapp.finetune_worker", str(job.folder / "job.json")]
+        command = [sys.executable, "-m", "webapp.jobs.worker", str(job.folder / "job.json")]
         with (job.folder / "log.txt").open("wb") as stderr:
             proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
         timer = threading.Timer(60 * job.minutes + GRACE_S, proc.kill)
@@ -269,6 +268,12 @@ class Trainer:
         self._start_sweeper()
         return trained
 
+    def shown_folder(self, out: Path) -> Path:
+        """Where the result page of the run ``out`` keeps what it shows after the job's folder is gone (the
+        misclassified photos, which a click opens in Classify): in this process's folder, for as long as the
+        run's model is served (``sweep`` removes it with the model)."""
+        return self.root / "shown" / out.name
+
     def of_session(self, session: str) -> list[Trained]:
         """``session``'s trained models still served, oldest first."""
         self.sweep()
@@ -283,6 +288,7 @@ class Trainer:
         for t in old:
             self.models.forget(t.value)
             shutil.rmtree(t.out.parent if t.out.parent.parent == self.root else t.out, ignore_errors=True)
+            shutil.rmtree(self.shown_folder(t.out), ignore_errors=True)
         return [t.value for t in old]
 
     def _start_sweeper(self) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from .errors import log
+from ..errors import log
 
 MAX_JSON_BYTES = 1 << 20  # one request's body, uploads apart
 MAX_IN_FLIGHT_BYTES = 64 << 20  # the bodies of every request being read at once

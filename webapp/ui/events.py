@@ -1,4 +1,10 @@
-"""Results that belong to what is on screen: each browser page numbers its requests in the order it sends them,
+"""The page's events: every tab's declarations (``webapp.ui.endpoints``) turned into handlers and events in one
+place (``wire``): the API's (gated with the tab's estimate, errors raised), the page's (ticketed: the newest
+request's answer only, errors in place of the results, gated once known to be the newest: ``if_newest``,
+``Context.held``), and the clears that a change of image or model sends. A tab's handlers are all made here, so
+that they are all alike.
+
+Results that belong to what is on screen: each browser page numbers its requests in the order it sends them,
 and a tab shows only answers that are still true of the page.
 
 Gradio runs a tab's events independently: a Classify run takes a second or more (RISE) while a settings change
@@ -17,7 +23,9 @@ A change of subject clears the tab's results at once (``on_change``: outside the
 then recomputes them where that is cheap (Classify, the Explore picture) in an event chained after the clear
 (``then``), once per subject: the browser can report one choice twice (a file input set while it holds a file
 fires two ``change`` events with the new file), and the repeat (``Tickets.change`` says so) neither clears the
-results nor sends the recomputation (``REPEATED``: a silent error, which stops the chain). A request sent for
+results nor recomputes them: the clear leaves them as they are and tells the chained event so (``Cleared.changed``,
+a value of the page's session), which then leaves them too, without an error in the browser's console. A request
+sent for
 the new subject just before the page saw the change (a click right after an upload) still
 counts. Errors replace the results they concern, in place (``answer``), instead of a toast over
 the old ones.
@@ -25,6 +33,7 @@ the old ones.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -33,14 +42,15 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from ..server.admission import COMPUTE
+from .endpoints import Answer, Api, Context, Request, Tab, no_progress, user_errors
+
 # The page's request counter, written into the last input (the ticket's hidden number) of every ticketed event.
 TICKET_JS = """(...args) => {
   window.vitTickets = (window.vitTickets || 0) + 1;
   args[args.length - 1] = window.vitTickets;
   return args;
 }"""
-# What a repeated change of subject answers: an error the page does not show, which stops the chained event.
-REPEATED = gr.Error("the same image, files and model as before", visible=False, print_exception=False)
 MAX_PAGES = 4096  # (page, group) pairs remembered; the least recently used are forgotten first
 NEVER = float("-inf")
 
@@ -122,36 +132,38 @@ def ticket_input() -> gr.Number:
     return gr.Number(visible=False, precision=0)
 
 
-def answer(
-    request: gr.Request | None,
-    group: str,
-    ticket: float | None,
-    subject: Hashable,
+@dataclass(frozen=True)
+class Ticket:
+    """A page request's place among its page's: the page (Gradio's session hash; None: not a page's), the group
+    of outputs it answers, its number (``TICKET_JS``; None: not ticketed) and what it is about (``subject_of``)."""
+
+    page: str | None
+    group: str
+    number: float | None
+    subject: Hashable
+
+
+def if_newest(
+    ticket: Ticket,
     n: int,
     compute: Callable[[], Sequence],
     failed: Callable[[str], Sequence],
     held: AbstractContextManager,
 ) -> tuple:
-    """``compute()``'s ``n`` outputs for a ticketed request about ``subject``, or ``failed(message)`` in their
-    place when it raises a ``gr.Error`` (a bad upload, a refused setting: ``errors.user_errors`` turns those
-    into ``gr.Error``); ``n`` skips when the answer is stale (``Tickets``), before or after it is computed.
-    ``held`` (``Context.held``: the server's memory gate; every page request passes it) is entered after the
-    ticket is recorded, so that a request refused for memory still overtakes the older ones and says so in place
-    of its results."""
-    page = getattr(request, "session_hash", None)
-    if not TICKETS.start(page, group, ticket, subject):
+    """``compute()``'s ``n`` outputs for a ticketed request, or ``failed(message)`` in their place when it raises a
+    ``gr.Error`` (a bad upload, a refused setting: ``endpoints.user_errors`` turns those into ``gr.Error``); ``n``
+    skips when the answer is stale (``Tickets``), before or after it is computed. ``held`` (``Context.held``: the
+    server's memory gate; every page request passes it) is entered after the ticket is recorded, so that a request
+    refused for memory still overtakes the older ones and says so in place of its results."""
+    page, group, number, subject = ticket.page, ticket.group, ticket.number, ticket.subject
+    if not TICKETS.start(page, group, number, subject):
         return (gr.skip(),) * n
     try:
         with held:
             out = tuple(compute())
     except gr.Error as e:
         out = tuple(failed(str(e.message)))
-    return out if TICKETS.current(page, group, ticket, subject) else (gr.skip(),) * n
-
-
-def problem(message: str) -> str:
-    """An error as it replaces a result: one line, marked."""
-    return f"⚠️ {message}"
+    return out if TICKETS.current(page, group, number, subject) else (gr.skip(),) * n
 
 
 def listen(triggers: Sequence, fn: Callable, inputs: Sequence, outputs: Sequence, **kwargs) -> gr.events.Dependency:
@@ -170,49 +182,133 @@ def listen(triggers: Sequence, fn: Callable, inputs: Sequence, outputs: Sequence
     )
 
 
+@dataclass(frozen=True)
+class Cleared:
+    """A clear's event, and whether it changed the subject (False: a repeat, which changed nothing), for the
+    recomputation chained after it (``then``)."""
+
+    event: gr.events.Dependency
+    changed: gr.State
+
+
 def on_change(
     triggers: Sequence,
     groups: Sequence[str],
     subject: Sequence[gr.components.Component],
     blank: Callable[..., Sequence],
     outputs: Sequence,
-) -> gr.events.Dependency:
+) -> Cleared:
     """Clear ``outputs`` the moment the subject (``subject``'s components: the image or files, and the model)
     changes, outside the queue (``blank(*values)``: what they show meanwhile), and drop the answers about the
     previous subject still running in ``groups``; chain the recomputation after the returned event (``then``),
     which runs only when the clear succeeded: a repeated event for the same subject leaves them alone and sends
-    no recomputation (``REPEATED``)."""
+    no recomputation (``Cleared.changed``)."""
 
     def cleared(what: object, model: str, ticket: float | None, request: gr.Request) -> tuple:
         page = getattr(request, "session_hash", None)
         if not any([TICKETS.change(page, group, ticket, subject_of(what, model)) for group in groups]):
-            raise REPEATED  # a silent error: the recomputation chained after it (``then``) is not sent
-        return tuple(blank(what))
+            return (*[gr.skip()] * len(outputs), False)  # the results stay; so does the chained event (``then``)
+        return (*blank(what), True)
 
     what, model = subject
-    return gr.on(
+    changed = gr.State(False)
+    event = gr.on(
         list(triggers),
         cleared,
         [what, model, ticket_input()],
-        list(outputs),
+        [*outputs, changed],
         js=TICKET_JS,
         queue=False,
         trigger_mode="multiple",
         api_visibility="private",
         show_progress="hidden",
     )
+    return Cleared(event, changed)
 
 
-def then(event: gr.events.Dependency, fn: Callable, inputs: Sequence, outputs: Sequence, **kwargs):
-    """``fn`` after ``event`` (a clear) when it succeeded (a repeated change of subject does not), with a newer
-    ticket than the clear's; every time (Gradio's default for a chained event, "once", would skip it while the
-    previous input's answer is still computing)."""
+def then(
+    previous: Cleared | gr.events.Dependency, fn: Callable, inputs: Sequence, outputs: Sequence, **kwargs
+) -> gr.events.Dependency:
+    """``fn`` once ``previous`` succeeded, with a newer ticket than its; after a clear, its inputs followed by
+    ``Cleared.changed`` (``fn`` leaves its outputs alone when it is False: a repeated change of subject). Every
+    time (Gradio's default for a chained event, "once", would skip it while the previous input's answer is still
+    computing)."""
+    changed = [previous.changed] if isinstance(previous, Cleared) else []
+    event = previous.event if isinstance(previous, Cleared) else previous
     return event.success(
         fn,
-        [*inputs, ticket_input()],
+        [*inputs, *changed, ticket_input()],
         list(outputs),
         js=TICKET_JS,
         trigger_mode="multiple",
         api_visibility="private",
         **kwargs,
     )
+
+
+def wire(ctx: Context, tab: Tab) -> None:
+    """The events of ``tab``'s declarations, on the page being built (inside its ``gr.Blocks``)."""
+    sent: dict[str, Cleared | gr.events.Dependency] = {}
+    for c in tab.clears:
+        sent[c.name] = on_change(c.triggers, c.groups, c.subject, c.blank, c.outputs)
+    for event in tab.events:
+        a = event.answer
+        after = sent.get(event.after) if event.after is not None else None
+        handler, inputs = page_handler(ctx, a, chained=isinstance(after, Cleared)), list(a.inputs.values())
+        options = dict(a.options, concurrency_id=COMPUTE, api_name=event.name)
+        if after is None:
+            sent[event.name] = listen(event.triggers, handler, inputs, a.outputs, **options)
+        else:
+            sent[event.name] = then(after, handler, inputs, a.outputs, **options)
+    for endpoint in tab.apis:
+        _serve(ctx, endpoint)
+
+
+def _serve(ctx: Context, endpoint: Api) -> None:
+    """``endpoint``'s event: its function behind the gate with its estimate (``Context.handler``), errors raised."""
+    options = dict(endpoint.options)
+    if endpoint.compute:
+        options["concurrency_id"] = COMPUTE
+    handler = ctx.handler(endpoint.fn, endpoint.estimate)
+    triggers = list(endpoint.triggers)
+    gr.on(triggers, handler, list(endpoint.inputs), list(endpoint.outputs), api_name=endpoint.name, **options)
+
+
+def page_handler(ctx: Context, answer: Answer, chained: bool = False) -> Callable:
+    """The page's handler of ``answer``: its inputs by name, then (``chained``: after a clear, ``then``)
+    whether the clear changed the subject, the ticket (``listen``), the request, and the progress and the
+    click when the answer takes them, as Gradio reads them from its signature."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    names = (*answer.inputs, *(["changed"] if chained else []), "ticket")
+    params = [inspect.Parameter(name, kind) for name in names]
+    params.append(inspect.Parameter("request", kind, annotation=gr.Request))
+    if answer.progress:
+        params.append(inspect.Parameter("progress", kind, default=gr.Progress()))
+    if answer.select:
+        params.append(inspect.Parameter("event", kind, annotation=gr.SelectData))
+    signature = inspect.Signature(params)
+    n = len(answer.outputs)
+
+    def handle(*args: object, **kwargs: object) -> tuple:
+        values = signature.bind(*args, **kwargs).arguments
+        ticket, page, event = values.pop("ticket"), values.pop("request"), values.pop("event", None)
+        changed = values.pop("changed", True)
+        request = Request(values, values.pop("progress", no_progress), event)
+        if not changed or (answer.ready is not None and not answer.ready(request)):
+            out = (gr.skip(),) * n  # no ticket taken: the answers in flight still count
+        else:
+            subject = subject_of(*(values[name] for name in answer.subject))
+            held = ctx.held(answer.estimate, **values)
+            compute = user_errors(lambda: _outputs(answer.compute(ctx, request), n))
+            place = Ticket(getattr(page, "session_hash", None), answer.group, ticket, subject)
+            out = if_newest(place, n, compute, answer.failed, held)
+        return out[0] if n == 1 else out  # Gradio takes one output's value bare
+
+    handle.__signature__ = signature  # type: ignore[attr-defined]
+    handle.__annotations__ = {"request": gr.Request, "event": gr.SelectData}
+    return ctx.gpu(handle)
+
+
+def _outputs(values: object, n: int) -> Sequence:
+    """A computation's values as a sequence of ``n`` outputs (one output's value comes bare)."""
+    return (values,) if n == 1 else values  # type: ignore[return-value]

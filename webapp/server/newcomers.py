@@ -36,7 +36,8 @@ from fastapi import HTTPException
 from gradio.state_holder import SessionState, StateHolder
 from starlette.requests import Request
 
-from .errors import log
+from ..errors import log
+from .gradio_patches import become
 from .queueing import client_ip
 
 # A person opens a page, maybe a few tabs, a minute; a school behind one IPv4 address opens more at 9:00, so the
@@ -188,9 +189,9 @@ class Newcomers(StateHolder):
 
     @classmethod
     def install(cls, holder: StateHolder, rate: SessionRate | None) -> Newcomers:
-        holder.__class__ = cls
+        holder = become(holder, cls)
         holder.rate = rate
-        return holder  # type: ignore[return-value]
+        return holder
 
     def __getitem__(self, session_id: str) -> SessionState:
         if session_id not in self.session_data:

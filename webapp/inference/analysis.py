@@ -35,11 +35,11 @@ from vit_core.data import ImageDataError, ImageHeader, ImageTransform, TooManyPi
 from vit_core.data.images import ImageSource
 
 from . import render
+from .render import Box
 from .settings import Settings, affordable, refusal
 
 MAX_SIDE = 2048  # larger uploads are decoded reduced to this long side, and overlays drawn at it
 MAX_PIXELS = 50_000_000  # larger uploads are refused before decoding (decompression bombs)
-Box = tuple[int, int, int, int]
 T = TypeVar("T")
 # A named step of a request, given its work: runs it and returns what it returns (``untimed``), timing it or not
 Step = Callable[[str, Callable[[], Any]], Any]
@@ -135,7 +135,7 @@ class Upload:
     estimate, the server's pixel limit) and its pixels all come from that one read, made when one of them is
     first asked for. Made by the upload component (``webapp.ui.inputs.ImageUpload``) for each request, so the
     gate's estimate and the handler share it; equal for the same file (the page compares what its results are
-    about, ``webapp.ui.fresh.subject_of``)."""
+    about, ``webapp.ui.events.subject_of``)."""
 
     def __init__(self, path: str) -> None:
         self.path = path

@@ -22,7 +22,7 @@ from vit_core import VisionTransformer, ViTConfig, explain, methods
 from vit_core.explain import lrp
 from vit_core.explain.methods import Method
 
-from .errors import quote
+from ..errors import quote
 
 # What the forward passes of one map may cost (RISE: explain.RISE_MASKS of them), in FLOPs: the bundled model's
 # RISE (500 x 0.50 GFLOP) measured 1.0 s a map on a 2-core CPU; on a GPU, ViT-L/16 at 384 px fits.

@@ -22,15 +22,17 @@ import datetime
 import functools
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
 
+from ..errors import log
+from ..registry.access import Caller, calling
 from .admission import Gate
-from .errors import log
+from .gradio_patches import wrap_process_api
 from .newcomers import Newcomers, SessionRate
 from .queueing import client_ip
-from .trained import Caller, calling
 
 MAX_SESSIONS = 1000
 IDLE_SECONDS = 1800.0
@@ -62,8 +64,9 @@ class Sessions:
     def _drop_sessionless(self, demo: gr.Blocks) -> None:
         """A call without a session runs under its event id as session hash: its state goes when it ends
         (unless it is a generator that will be called again). Every call runs as its ``Caller``."""
-        process_api = demo.process_api
+        wrap_process_api(demo, self._dropping, "sessions")
 
+    def _dropping(self, process_api: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(process_api)
         async def dropping(*args: Any, **kwargs: Any) -> dict[str, Any]:
             session, event = kwargs.get("session_hash"), kwargs.get("event_id")
@@ -79,7 +82,7 @@ class Sessions:
                         self.holder.session_data.pop(session, None)
                         self.holder.time_last_used.pop(session, None)
 
-        demo.process_api = dropping
+        return dropping
 
     def sweep(self, now: datetime.datetime | None = None) -> int:
         """Drop the sessions unused for ``idle_seconds``; returns how many."""

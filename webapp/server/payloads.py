@@ -20,15 +20,16 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
 from fastapi import HTTPException
-from gradio import route_utils
 from gradio.exceptions import ComponentProcessingError, InvalidPathError
 
-from .archives import MAX_FILES
-from .errors import log, quote
+from ..errors import log, quote
+from ..inference.archives import MAX_FILES
+from .gradio_patches import wrap_get_fn, wrap_process_api
 
 URLS_REFUSED = "this server does not fetch URLs: send the file itself"
 
@@ -42,8 +43,11 @@ class Refused(gr.Error):
 
 def install(demo: gr.Blocks, public: bool) -> None:
     """Check every request's endpoint and values (see the module's docstring); ``public``: refuse URLs."""
-    _check_endpoints(demo)
-    process_api = demo.process_api
+    wrap_get_fn(_known_fn)
+    wrap_process_api(demo, lambda process_api: _checked(demo, process_api, public), "payloads")
+
+
+def _checked(demo: gr.Blocks, process_api: Callable[..., Any], public: bool) -> Callable[..., Any]:
     signature = inspect.signature(process_api)
 
     @functools.wraps(process_api)
@@ -70,14 +74,10 @@ def install(demo: gr.Blocks, public: bool) -> None:
             log.info("refused a request to %s: %s: %s", name, type(cause).__name__, quote(str(cause)))
             raise Refused(f"A value of this request could not be read ({type(cause).__name__}).") from None
 
-    demo.process_api = checked
+    return checked
 
 
-def _check_endpoints(demo: gr.Blocks) -> None:
-    get_fn = route_utils.get_fn
-    if getattr(get_fn, "checks_endpoints", False):
-        return
-
+def _known_fn(get_fn: Callable[..., Any]) -> Callable[..., Any]:
     def known_fn(blocks: gr.Blocks, api_name: str | None, body: Any) -> Any:
         if body.fn_index is not None and body.fn_index not in blocks.fns:
             log.info("refused a request: no endpoint has fn_index %s", quote(body.fn_index))
@@ -87,8 +87,7 @@ def _check_endpoints(demo: gr.Blocks) -> None:
             raise HTTPException(404, f"No endpoint is named {quote(api_name)}.")
         return get_fn(blocks, api_name, body)
 
-    known_fn.checks_endpoints = True  # type: ignore[attr-defined]
-    route_utils.get_fn = known_fn
+    return known_fn
 
 
 def problems(inputs: list[Any], values: list[Any], blocks: dict[int, Any], public: bool) -> str | None:

@@ -1,4 +1,4 @@
-"""The Train tab's training process: ``python -m webapp.finetune_worker JOB.json`` runs
+"""The Train tab's training process: ``python -m webapp.jobs.worker JOB.json`` runs
 ``vit_core.finetune.finetune_folder`` on the job's folder and prints one JSON line per progress report (the
 ``Progress`` fields), then a ``{"result": ...}`` line (``FinetuneResult``'s fields: the strategy and why, and the
 held-out ``details``: per-class accuracy, confusion matrix, misclassified files, ECE, threshold). It stops after
@@ -6,14 +6,14 @@ the current step once the job's stop file exists (the Cancel button). Everything
 (stderr).
 
 The job's budget covers everything it does from the process's start: first it decodes the photos the server only
-checked (``webapp.trainset.decode_folder``; the stop file and the deadline are checked before each image), then
+checked (``webapp.jobs.trainset.decode_folder``; the stop file and the deadline are checked before each image), then
 what is left goes to ``finetune_folder(..., within_budget=True)``, which keeps the time its calibration and writing
 will take (``vit_core.finetune.budget``) and trains for the rest. A job that cannot train (cancelled or out of time
 while decoding, too few photos left that decode, a budget too short for calibrating the photos) prints
 ``{"error": sentence}`` and exits with ``REFUSED``; the server shows the sentence. The result's line also says the
-process's peak RSS (``peak_bytes``), which the Train tab's memory estimate bounds (``webapp.estimates``).
+process's peak RSS (``peak_bytes``), which the Train tab's memory estimate bounds (``webapp.inference.estimates``).
 
-A process of its own rather than a thread of the server (``webapp.training``): torch's thread count is
+A process of its own rather than a thread of the server (``webapp.jobs.trainer``): torch's thread count is
 process-wide (``torch.set_num_threads`` in a thread would slow every other visitor's Classify), a process's
 memory goes back to the system when it ends, and a crash or a kill takes the job only.
 """
@@ -32,8 +32,8 @@ import torch
 
 from vit_core.finetune import Progress, finetune_folder
 from vit_core.finetune.budget import BudgetTooShort
-from webapp.memory import release_memory
-from webapp.trainset import Stopped, decode_folder
+from webapp.jobs.trainset import Stopped, decode_folder
+from webapp.resources import release_memory
 
 REFUSED = 3  # the exit status of a job refused with a sentence (its ``{"error": ...}`` line)
 MIN_TRAIN_S = 1.0  # less than this left of the budget after decoding: nothing worth training

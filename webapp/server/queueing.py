@@ -1,4 +1,4 @@
-"""A fair share of the queue for each client, and bounded uploads (see ``webapp.admission`` for why).
+"""A fair share of the queue for each client, and bounded uploads (see ``webapp.server.admission`` for why).
 
 **A fair share of the queue** (``ClientLimits``). A client (a Gradio session, and separately an IP
 address) may have at most ``per_session`` (``per_ip``) requests waiting or computing; more are refused
@@ -34,11 +34,10 @@ from typing import Any
 import gradio as gr
 from starlette.requests import Request
 
-from .admission import MB
+from ..errors import log
+from ..resources import MB, MIN_FREE_DISK
 from .bodies import refuse
-from .errors import log
-
-MIN_FREE_DISK = 1 << 30  # uploads that would leave less free on their disk are refused
+from .gradio_patches import wrap_queue_push
 
 # ------------------------------------------------------------------------------------- fair queueing
 
@@ -93,9 +92,9 @@ class ClientLimits:
         self._joining: Counter[str] = Counter()  # joins past the check, not yet in the queue
 
     def install(self, demo: gr.Blocks) -> None:
-        queue = demo._queue
-        push = queue.push
+        wrap_queue_push(demo, lambda push: self._fair(demo._queue, push))
 
+    def _fair(self, queue: Any, push: Callable[..., Any]) -> Callable[..., Any]:
         async def fair_push(body, request, username):
             session, ip = body.session_hash, client_ip(request)
             keys = [f"ip:{ip}"] + ([f"session:{session}"] if session else [])
@@ -118,7 +117,7 @@ class ClientLimits:
                 self._place(queue, event_id)
             return ok, event_id, state
 
-        queue.push = fair_push
+        return fair_push
 
     @staticmethod
     def _events(queue) -> Iterator[tuple[Any, bool]]:

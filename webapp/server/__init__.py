@@ -1,0 +1,1 @@
+"""The requests' guards: queue, bodies, payloads, sessions, memory admission, temporary files."""
