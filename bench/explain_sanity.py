@@ -148,7 +148,9 @@ def end_points(model: torch.nn.Module, images: torch.Tensor, target: torch.Tenso
     return out
 
 
-def _scores(model, images, map_fn, target, baseline: str, steps: int, batch_size: int, seed: int) -> dict:
+def _scores(
+    model, images, map_fn, target, baseline: str, *, steps: int = 16, batch_size: int = 256, seed: int = 0
+) -> dict:
     """Per-image scores of one map on one baseline: deletion/insertion AUCs, or ROAD's MoRF/LeRF."""
     if baseline == "road":
         # one imputation (a conjugate-gradient solve) per removal level: small batches, as the slowest
@@ -208,7 +210,9 @@ def score(
                 def fn(_m, _x, part=part, spec=spec):
                     return maps[spec][part]
 
-                parts.append(_scores(model, images[part], fn, target[part], baseline, steps, batch_size, i))
+                parts.append(
+                    _scores(model, images[part], fn, target[part], baseline, steps=steps, batch_size=batch_size, seed=i)
+                )
                 bar.update(len(images[part]))
             per_image[baseline, spec] = {k: torch.cat([p[k] for p in parts]) for k in SCORES[baseline]}
     bar.close()

@@ -7,7 +7,7 @@ Each job is a zip of photos as a visitor uploads it, checked and written as the 
 (``webapp.jobs.trainset.from_zip``) and trained by the server's own trainer (``webapp.jobs.trainer.Trainer.run``: the
 training process ``webapp.jobs.worker``, as the app starts it, with ``--threads`` threads). The process reports
 its peak RSS (``ru_maxrss``: ``peak_bytes``); the table sets it against the Train tab's estimate for the job
-(``webapp.jobs.cost.training_bytes`` for the zip's photos, as the gate reserves it) and against the estimate before
+(``webapp.jobs.trainset.training_bytes`` for the zip's photos, as the gate reserves it) and against the estimate before
 issue 57 (``old_estimate``: what the gate reserved then, for 2,000 photos whatever the zip held), and the job's
 budget against its whole time (``from_zip`` to the process's end) and its process's start (the budget runs from
 there).
@@ -43,7 +43,7 @@ import vit_core
 from vit_core.models.model import VisionTransformer
 from vit_core.models.variants import get_config
 from webapp.inference import estimates
-from webapp.jobs import cost
+from webapp.jobs import trainset
 from webapp.jobs.trainer import Trainer
 from webapp.jobs.trainset import PUBLIC, from_zip
 
@@ -131,7 +131,7 @@ def run_job(name: str, spec: Spec, folder: Path, threads: int) -> dict:
         job=name,
         photos=images,
         old=old_estimate(cfg, model.num_params()),
-        new=cost.training_bytes(cfg, model.num_params(), images),
+        new=trainset.training_bytes(cfg, model.num_params(), images),
         peak=peak,
         budget=60 * spec.minutes,
         whole=whole,

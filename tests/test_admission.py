@@ -161,15 +161,19 @@ def test_the_estimate_follows_the_image_the_model_and_the_tab():
     assert rise - raw == estimates.forward_bytes(cfg, 64, attention=False) + 4 * 500 * 32 * 32
     gpu = estimating(model, tf, torch.device("cuda"))  # the model's memory is the GPU's
     assert classify.estimate(gpu, {"model_choice": "bundled", "method": methods.RISE.title}) == estimates.REQUEST_BYTES
-    b16 = vit_core.get_config("vit_base_patch16_224")  # 12 layers of 12 heads, 197 tokens
-    assert estimates.forward_bytes(b16, 1) - estimates.forward_bytes(b16, 1, attention=False) == 4 * 144 * 197 * 197
+    b16 = vit_core.get_config("vit_base_patch16_224")  # 12 layers of 12 heads, 197 tokens, 768 wide, MLP 3072
+    # by hand, as the estimate's docstring states it: the image (3 x 224 x 224), every block's probabilities
+    # (12 x 12 x 197^2) and one block's widest intermediates (197 x (5 x 768 + 2 x 3072) + 2 x 12 x 197^2), 4 bytes
+    b16_pass = 4 * (3 * 224 * 224 + 144 * 197 * 197 + 197 * (5 * 768 + 2 * 3072) + 2 * 12 * 197 * 197)
+    assert b16_pass == 34_549_152 == estimates.forward_bytes(b16, 1)
+    assert b16_pass - estimates.forward_bytes(b16, 1, attention=False) == 4 * 144 * 197 * 197
     # a batch: its decoding bounded by batch.MAX_DECODE_BYTES whatever it holds, the gallery, and one chunk:
     # gradient rollout runs 4 images per backward pass, rollout 16 per forward pass
     gallery = archives.MAX_IMAGES * 4 * batch.THUMB * batch.THUMB
     base = estimates.REQUEST_BYTES + batch.MAX_DECODE_BYTES + gallery
     vit_b = estimating(SimpleNamespace(config=b16))
     for method, chunk in ((methods.GRADIENT, 6 * 4), (methods.ROLLOUT, 2 * 16)):
-        want = base + chunk * estimates.forward_bytes(b16, 1)
+        want = base + chunk * b16_pass
         assert batch.estimate(vit_b, {"model_choice": "bundled", "method": method.title}) == want
     # a model that is not loaded: the request fails at once and costs little, whatever it asks
     rise = {"model_choice": "other", "method": methods.RISE.title}

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+import app
 import vit_core
 from tests.hub_server import transformers_vit_files
 from tests.test_app import CAT, ROOT, server, server_log  # noqa: F401 (fixture)
@@ -53,7 +54,7 @@ WAIT = int(os.environ.get("VIT_BROWSER_WAIT_MS", 600_000))
 SHOTS = Path(os.environ.get("VIT_SCREENSHOTS") or Path(tempfile.gettempdir()) / "vit_core_screenshots")
 EXAMPLE_PHOTOS = sorted((ROOT / "examples").glob("*.jpg"))
 FIGURES = ("#fig-filters", "#fig-similarity", "#fig-distance")
-TABS = ("Classify", "Explore", "Compare", "Batch", "Inspect", "Train")
+TABS = tuple(tab.TITLE for tab in app.TABS)  # the page's tabs, read from the app: a new one is checked too
 PHOTOS = ROOT.parent / "shared" / "data" / "photos" / "ants_and_bees" / "train"  # a few for the Train tab
 
 

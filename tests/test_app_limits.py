@@ -139,18 +139,26 @@ def test_bodies_are_refused_while_they_stream(space):
     assert "Traceback" not in space.log.read_text()
 
 
-def test_the_largest_legitimate_request_fits_the_body_limit():
-    """A /batch of ``MAX_FILES`` uploads with 255-character names, as the page sends it, in well under 1 MB."""
-    folder = "/tmp/gradio/" + "0" * 64
+def test_the_largest_legitimate_request_fits_the_body_limit(space):
+    """The Batch page's request as the page builds it (its event's inputs read from the served page's config, each
+    at its default), with ``MAX_FILES`` uploads of 255-character names under this server's real upload folder: in
+    well under the 1 MB limit, and the server takes it (a refusal of its files, not a 413)."""
+    config = httpx.get(f"{space.url}config", timeout=30).json()
+    (event,) = [d for d in config["dependencies"] if d.get("api_name") == "batch_page"]
+    defaults = {c["id"]: c.get("props", {}).get("value") for c in config["components"]}
+    folder = f"{next((space.tmp / 'gradio').glob('vit-app-*')) / 'gradio'}/{'0' * 64}"
+    name = f"{'n' * 251}.png"
     files = [
-        {"path": f"{folder}/{'n' * 251}.png", "url": f"http://127.0.0.1:7860/gradio_api/file={folder}/{'n' * 251}.png",
-         "orig_name": f"{'n' * 251}.png", "size": 33_554_432, "mime_type": "image/png", "is_stream": False,
-         "meta": {"_type": "gradio.FileData"}}
+        {"path": f"{folder}/{name}", "url": f"{space.url}gradio_api/file={folder}/{name}", "orig_name": name,
+         "size": 33_554_432, "mime_type": "image/png", "is_stream": False, "meta": {"_type": "gradio.FileData"}}
         for _ in range(archives.MAX_FILES)
     ]  # fmt: skip
-    body = {"data": [files, None, "x" * 1000, 5, 0.5, 1e12], "event_data": None, "fn_index": 15}
-    body |= {"trigger_id": 99, "session_hash": "x" * 64}
+    data = [files if i == 0 else defaults.get(i_d) for i, i_d in enumerate(event["inputs"])]
+    body = {"data": data, "event_data": None, "fn_index": event["id"], "trigger_id": event["targets"][0][0]}
+    body |= {"session_hash": "x" * 64}
     assert len(json.dumps(body)) < MAX_JSON_BYTES / 2
+    r = httpx.post(f"{space.api}/queue/join", json=body, timeout=60)
+    assert r.status_code != 413, r.text
 
 
 def test_each_refusal_is_one_line_and_a_sentence(space):

@@ -279,3 +279,29 @@ def test_vit_core_imports_are_the_stated_graph_without_a_cycle():
         TopologicalSorter(actual).prepare()
     except CycleError as e:
         pytest.fail(f"vit_core imports in a cycle: {e.args[1]}")
+
+
+def _signatures() -> list[tuple[str, str, int, int]]:
+    """(module, function, required parameters, all parameters) of every function of the library, the app, the
+    command line and the benchmarks (``self`` and ``cls`` not counted)."""
+    found = []
+    for path in [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))] + [ROOT / "app.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                positional = [p.arg for p in a.posonlyargs + a.args if p.arg not in ("self", "cls")]
+                own = len(a.posonlyargs + a.args) - len(positional)
+                required = len(a.posonlyargs + a.args) - own - len(a.defaults)
+                required += sum(d is None for d in a.kw_defaults)
+                found.append((_module(path), node.name, required, len(positional) + len(a.kwonlyargs)))
+    return found
+
+
+def test_no_function_takes_more_than_6_required_parameters_nor_a_tab_function_more_than_6():
+    """Options keyword-only with defaults, and options that travel together grouped: a call with seven
+    positional values is one nobody reads right."""
+    signatures = _signatures()
+    assert len(signatures) > 500  # the code was read
+    many = [f"{m}.{f} ({r} required)" for m, f, r, _ in signatures if r > 6]
+    tabs = [f"{m}.{f} ({n})" for m, f, _, n in signatures if m.startswith("webapp.tabs") and n > 6]
+    assert not many and not tabs, many + tabs

@@ -6,6 +6,7 @@ import timm
 import torch
 
 import vit_core
+from tests.test_docs import marked_block
 from vit_core import ViTConfig
 from vit_core.models.variants import size_name
 
@@ -172,3 +173,8 @@ def test_every_stem_activation_the_config_accepts_is_built():
         )
         stem = vit_core.create_model(cfg).patch_embed.backbone
         assert stem.layers[0].act is ACTIVATIONS[act]
+
+
+def test_the_variant_docs_extending_md_shows_runs():
+    """docs/extending.md's "A model variant" example: a registered name against timm's, as the page says."""
+    exec(compile(marked_block("variant"), "docs/extending.md", "exec"), {})

@@ -255,3 +255,12 @@ def test_relative_links_resolve(path):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{link}: no heading #{anchor} in {dest.relative_to(ROOT)}")
     assert not broken, "\n".join(broken)
+
+
+def test_the_bundled_models_temperature_in_architecture_md_is_its_config_files():
+    """ARCHITECTURE.md quotes the bundled model's temperature: the one its config.json holds, to three places."""
+    temperature = json.loads((ROOT / "models" / "cifar10_speedrun" / "config.json").read_text())["calibration"]
+    quoted = re.search(
+        r"temperature first where it has one, ([0-9.]+)", (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    )
+    assert quoted and f"{temperature['temperature']:.3f}" == quoted.group(1), (quoted, temperature["temperature"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import matplotlib
 import numpy as np
 import torch
 from PIL import Image
@@ -55,22 +56,31 @@ def test_the_colour_bar_is_matplotlibs_ramp_and_each_map_labels_its_own():
 
 
 def test_a_map_on_the_image_is_the_overlay_over_the_region_seen_outlined_above_its_colour_bar():
-    """``map_on_image`` draws on one new picture what the steps draw one after the other: the image, the map's
-    overlay over the region the model saw, its outline (which reaches below a region as tall as the image: the
-    bar covers that), then the colour bar; ``shown``, shared between requests, is left as it was."""
+    """``map_on_image`` against what each part must be, read off the picture: inside the region the model saw (off
+    its outline), the library's overlay of that region (``vit_core.figures.overlay``, the reference); outside it,
+    the image untouched; below the image, a bar as wide as the image whose colours run along the colormap from
+    left to right; ``shown``, shared between requests, left as it was."""
     from vit_core import figures
 
     rng = np.random.default_rng(0)
     shown = Image.fromarray(rng.integers(0, 256, (300, 451, 3), dtype=np.uint8))
     before = np.asarray(shown).copy()
     heat = torch.from_numpy(rng.random((14, 14), dtype=np.float32))
+    cmap = matplotlib.colormaps[render.COLORMAP]
     for box in [(75, 0, 375, 300), (0, 0, 451, 300), (10, 20, 200, 150)]:
-        expected = shown.copy()
-        expected.paste(figures.overlay(shown.crop(box), heat, 0.5, render.COLORMAP), box[:2])
-        if box != (0, 0, 451, 300):
-            render.outline(expected, box, width=2)
-        expected = render.with_colorbar(expected, heat, "attnlrp")
-        assert np.array_equal(np.asarray(render.map_on_image(shown, box, heat, 0.5, "attnlrp")), np.asarray(expected))
+        out = np.asarray(render.map_on_image(shown, box, heat, 0.5, "attnlrp")).astype(int)
+        assert out.shape[1] == 451 and out.shape[0] > 300  # the bar below the image
+        left, top, right, bottom = box
+        seen = np.asarray(figures.overlay(shown.crop(box), heat, 0.5, render.COLORMAP)).astype(int)
+        inner = out[top + 3 : bottom - 3, left + 3 : right - 3]  # off the outline (2 px)
+        assert np.abs(inner - seen[3:-3, 3:-3]).max() <= 1  # within 1/255: the overlay's 8-bit blend
+        outside = np.ones((300, 451), bool)
+        outside[max(0, top - 3) : bottom + 3, max(0, left - 3) : right + 3] = False
+        assert np.array_equal(out[:300][outside], before[outside].astype(int))
+        bar = out[300:]
+        row = bar[np.argmax([len(np.unique(r, axis=0)) for r in bar])]  # the bar's most colourful row: its ramp
+        ramp = np.array([cmap(x)[:3] for x in np.linspace(0.0, 1.0, len(row))]) * 255
+        assert np.abs(row - ramp).mean() < 12  # the colormap from its low end on the left to its high end
     assert np.array_equal(np.asarray(shown), before)
 
 

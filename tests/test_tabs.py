@@ -42,7 +42,6 @@ from .net import free_port
 from .test_docs import code_blocks
 
 
-
 @pytest.fixture(scope="module")
 def ctx() -> Context:
     return app.setup("bundled")

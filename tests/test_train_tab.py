@@ -22,7 +22,7 @@ from PIL import Image
 
 import app
 import vit_core
-from webapp.jobs import cost, result_page
+from webapp.jobs import result_page, trainset
 from webapp.jobs.trainer import PRIVATE_PREFIX, Trainer, TrainingBusy
 from webapp.jobs.trainset import PUBLIC, Limits, class_of, decode_folder, from_zip
 from webapp.registry.access import Caller, ModelError, Trained, calling
@@ -294,13 +294,13 @@ def test_a_short_run_trains_calibrates_and_serves_a_model_of_the_zip_classes(ctx
 def test_the_job_holds_its_estimate_in_the_memory_gate(ctx, tmp_path):
     """A server whose budget cannot hold the training process refuses the job before it starts one, and
     frees the slot for the next."""
-    gate = Gate(max_memory=rss() + cost.WORKER_BYTES // 2, max_wait=0)
+    gate = Gate(max_memory=rss() + trainset.WORKER_BYTES // 2, max_wait=0)
     small = Context(ctx.models, gate=gate, trainer=ctx.trainer)
     photos = str(two_classes(tmp_path / "p.zip"))
     (update,) = train.train(small, photos, ctx.models.default, 0.1, False, types.SimpleNamespace(session_hash="g"))
     assert update[0].startswith("⚠️ This request needs about") and _unchanged(update)
     assert issubclass(Busy, gr.Error)  # what ``train`` turns into its progress line
-    assert train.estimate(ctx, {"model_choice": ctx.models.default}) > cost.WORKER_BYTES
+    assert train.estimate(ctx, {"model_choice": ctx.models.default}) > trainset.WORKER_BYTES
     ctx.trainer.finish(ctx.trainer.start("next", 1))
 
 

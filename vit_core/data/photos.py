@@ -171,7 +171,7 @@ def photo_images(
         (p, class_names.index(mapping[folder.classes[y]])) for p, y in folder.samples if folder.classes[y] in mapping
     ]
     samples = _in_share(samples, spec.get("share"))
-    return _shrunk_copies(samples, spec["copies"], class_names, cfg, random.Random(seed), "photos", progress)
+    return _shrunk_copies(samples, spec["copies"], class_names, cfg, random.Random(seed), progress=progress)
 
 
 def outlier_images(
@@ -181,7 +181,9 @@ def outlier_images(
     them, labelled ``OUTLIER``."""
     folder = ImageFolderDataset(photo_folder(spec["folder"], "train"))
     samples = _in_share([(p, OUTLIER) for p, _ in folder.samples], spec.get("share"))
-    return _shrunk_copies(samples, spec["copies"], class_names, cfg, random.Random(seed + 1), "outliers", progress)
+    return _shrunk_copies(
+        samples, spec["copies"], class_names, cfg, random.Random(seed + 1), desc="outliers", progress=progress
+    )
 
 
 def _shrunk_copies(
@@ -190,8 +192,9 @@ def _shrunk_copies(
     class_names: list[str],
     cfg: dict[str, Any],
     rng: random.Random,
-    desc: str,
-    progress: bool,
+    *,
+    desc: str = "photos",
+    progress: bool = True,
 ) -> InMemoryImageDataset:
     """Copy 0 of each photo as the app shrinks it, copies 1.. ``photo_like`` first (module docstring)."""
     images, targets = [], []

@@ -72,6 +72,16 @@ def activation_bytes(cfg: ViTConfig) -> int:
     return 4 * (cfg.in_chans * h * w + cnn + cfg.depth * heads * T * T + block)
 
 
+def forward_bytes(cfg: ViTConfig, images: int, attention: bool = True) -> int:
+    """Activation memory of a forward pass of ``images`` images: ``activation_bytes`` each, less the stored
+    attention probabilities when they are not returned (``attention=False``)."""
+    per_image = activation_bytes(cfg)
+    if not attention:
+        tokens = cfg.num_prefix_tokens + math.prod(cfg.grid_size)
+        per_image -= 4 * cfg.depth * cfg.num_heads * tokens * tokens
+    return images * per_image
+
+
 @functools.lru_cache(maxsize=64)
 def forward_flops(cfg: ViTConfig) -> int:
     """Floating-point operations of one image's forward pass at ``cfg``'s input size (a multiply-add

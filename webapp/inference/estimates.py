@@ -26,14 +26,13 @@ the model (CPU only)   ``vit_core.models.model.activation_bytes`` per image of a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 from vit_core import ViTConfig, methods
 from vit_core.data import ImageHeader, ImageTransform
 from vit_core.data.images import target_size
-from vit_core.models.cost import activation_bytes
+from vit_core.models.cost import forward_bytes
 
 from ..resources import MB
 from .analysis import MAX_SIDE, needed_side
@@ -41,16 +40,6 @@ from .analysis import MAX_SIDE, needed_side
 REQUEST_BYTES = 48 * MB  # Gradio's side of a request, and a margin
 BACKWARD = 6  # forward and backward passes (gradient rollout) keep this many forward passes' activations
 BATCH_IMAGES = 64  # RISE's and deletion/insertion's batches of masked images (``explain``'s batch_size)
-
-
-def forward_bytes(cfg: ViTConfig, images: int, attention: bool = True) -> int:
-    """Activation memory of a forward pass of ``images`` images: ``activation_bytes`` each, less the stored
-    attention probabilities when they are not returned."""
-    per_image = activation_bytes(cfg)
-    if not attention:
-        tokens = cfg.num_prefix_tokens + math.prod(cfg.grid_size)
-        per_image -= 4 * cfg.depth * cfg.num_heads * tokens * tokens
-    return images * per_image
 
 
 def map_bytes(cfg: ViTConfig, method: methods.Method) -> int:

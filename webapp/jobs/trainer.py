@@ -37,7 +37,6 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 import gradio as gr
@@ -118,6 +117,7 @@ class Trainer:
         self._sweeper: threading.Thread | None = None
         self.capped = ttl is not None  # what training holds is capped (a public server's)
         self.overrun_s = OVERRUN_S
+        self.root = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX, dir=process_folder()))  # the jobs' folders
 
     @classmethod
     def for_server(cls, models: Models) -> Trainer:
@@ -125,11 +125,6 @@ class Trainer:
         temporary folder, deleted after ``TTL_S``."""
         public = models.options.public
         return cls(models, None if public else ROOT / "runs", TTL_S if public else None)
-
-    @cached_property
-    def root(self) -> Path:
-        """The jobs' folders (made at the first job), in this process's own folder."""
-        return Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX, dir=process_folder()))
 
     # ------------------------------------------------------------------------ the one job slot
 

@@ -29,7 +29,7 @@ from ..errors import sentence
 from ..inference import estimates
 from ..inference.archives import zip_directory
 from ..inference.estimates import request_only
-from ..jobs import cost
+from ..jobs import trainset
 from ..jobs.result_page import confusion_image, keep_misclassified, summary
 from ..jobs.trainer import Job, TrainingBusy, zip_run
 from ..jobs.trainset import LOCAL, PUBLIC, Limits, from_zip
@@ -56,17 +56,18 @@ def limits_of(ctx: Context) -> Limits:
 
 
 def estimate(ctx: Context, arguments: dict) -> int:
-    """The request and its training process (``cost.training_bytes``) for ``images`` photos (the zip's
+    """The request and its training process (``trainset.training_bytes``) for ``images`` photos (the zip's
     entries; without them, the most the limits allow) on the chosen model, at twice its input size with
     ``double_size``."""
     images = min(arguments.get("images") or limits_of(ctx).max_images, limits_of(ctx).max_images)
-    model, _ = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
+    choice = arguments.get("model_choice")
+    model, _ = (isinstance(choice, str) and ctx.models.loaded(choice)) or (None, None)
     if model is None:
-        return estimates.REQUEST_BYTES + cost.WORKER_BYTES
+        return estimates.REQUEST_BYTES + trainset.WORKER_BYTES
     cfg = model.config
     if arguments.get("double_size"):
         cfg = cfg.replace(img_size=2 * cfg.img_size)
-    return estimates.REQUEST_BYTES + cost.training_bytes(cfg, model.num_params(), images)
+    return estimates.REQUEST_BYTES + trainset.training_bytes(cfg, model.num_params(), images)
 
 
 def _curve(points: list[dict]) -> pd.DataFrame:
@@ -148,7 +149,7 @@ def _checked(
     entries = _entries(photos)  # the gate reserves for these photos; a zip holding more is refused (``_train``)
     try:
         with ctx.held(estimate, model_choice=model_choice, double_size=double_size, images=entries):
-            yield from _train(ctx, job, photos, source.source, size, limits, entries)
+            yield from _train(ctx, job, photos, source.source, size, entries)
     finally:
         trainer.finish(job)
 
@@ -163,10 +164,9 @@ def _entries(photos: str) -> int | None:
     return declared[0] if declared is not None else None
 
 
-def _train(
-    ctx: Context, job: Job, photos: str, init: str, size: int | None, limits: Limits, entries: int | None
-) -> Iterator:
-    trainer = ctx.trainer
+def _train(ctx: Context, job: Job, photos: str, init: str, size: int | None, entries: int | None) -> Iterator:
+    """The job once it holds the slot and the gate: the zip read, the training process, the result page."""
+    trainer, limits = ctx.trainer, limits_of(ctx)
     skip = gr.skip()
     try:
         found = from_zip(photos, job.data, limits)
