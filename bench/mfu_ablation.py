@@ -11,10 +11,10 @@ compared: ``bench.mfu_switches``. MFU is the forward and backward matrix FLOPs
 
 Each row trains its curve (compilation in its first steps), then is timed on the same trainer. The first row is
 eager, whose curve is the reference; the noise floor is eager from another seed. Nothing starts once
-``--deadline`` seconds have passed (compilation included): a row that would is printed as skipped. The
-compiler's cache (``TORCHINDUCTOR_CACHE_DIR``) is ``--inductor-cache``, a folder under runs/ by default, so that a
-later call (of ``bash bench/gpu_checks.sh`` on a machine that stays up) starts with ``max-autotune``'s choices
-already made; the header says whether it held anything.
+``--deadline`` seconds have passed (compilation included): a row that would is printed as skipped. The compiler's
+cache is ``--inductor-cache`` (``$TORCHINDUCTOR_CACHE_DIR``, else a folder under runs/), so that a later call (of
+``bash bench/gpu_checks.sh`` on a machine that stays up) starts with ``max-autotune``'s choices already made; the
+header says whether it held anything.
 """
 
 from __future__ import annotations
@@ -107,7 +107,9 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float)
     p.add_argument("--rows", help=f"which rows, by name (default: all): {', '.join(ROWS)}")
     p.add_argument(
-        "--inductor-cache", default="runs/inductor_cache", help="TORCHINDUCTOR_CACHE_DIR, kept between calls"
+        "--inductor-cache",
+        default=os.environ.get("TORCHINDUCTOR_CACHE_DIR", "runs/inductor_cache"),
+        help="the compiler's cache, kept between calls (default: $TORCHINDUCTOR_CACHE_DIR, else runs/inductor_cache)",
     )
     args = p.parse_args()
     cache = inductor_cache(args.inductor_cache)
