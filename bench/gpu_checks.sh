@@ -89,7 +89,7 @@ else
 fi
 # what is left: the training-speed switches, autotuning last (its cache kept for the next call)
 step mfu_ablation 400 "$PY" -m bench.mfu_ablation --device "$DEVICE" --deadline $((DEADLINE - SECONDS - 100)) \
-  ${CURVE_STEPS:+--curve-steps $CURVE_STEPS}
+  --inductor-cache "${TORCHINDUCTOR_CACHE_DIR#"$PWD"/}" ${CURVE_STEPS:+--curve-steps $CURVE_STEPS}
 echo "===== summary" | tee -a "$LOG"
 {
   echo "| step | result | seconds |"

@@ -12,7 +12,7 @@ compared: ``bench.mfu_switches``. MFU is the forward and backward matrix FLOPs
 Each row trains its curve (compilation in its first steps), then is timed on the same trainer. The first row is
 eager, whose curve is the reference; the noise floor is eager from another seed. Nothing starts once
 ``--deadline`` seconds have passed (compilation included): a row that would is printed as skipped. The compiler's
-cache is ``--inductor-cache`` (``$TORCHINDUCTOR_CACHE_DIR``, else a folder under runs/), so that a later call (of
+cache is ``--inductor-cache`` (a folder under runs/ by default), so that a later call (of
 ``bash bench/gpu_checks.sh`` on a machine that stays up) starts with ``max-autotune``'s choices already made; the
 header says whether it held anything.
 """
@@ -95,7 +95,8 @@ def inductor_cache(folder: str) -> str:
     had = path.is_dir() and any(path.iterdir())
     path.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
-    return f"inductor cache {folder} ({'warm: an earlier call filled it' if had else 'cold'})"
+    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else folder  # no server path in the log
+    return f"inductor cache {shown} ({'warm: an earlier call filled it' if had else 'cold'})"
 
 
 def main() -> None:
@@ -108,8 +109,8 @@ def main() -> None:
     p.add_argument("--rows", help=f"which rows, by name (default: all): {', '.join(ROWS)}")
     p.add_argument(
         "--inductor-cache",
-        default=os.environ.get("TORCHINDUCTOR_CACHE_DIR", "runs/inductor_cache"),
-        help="the compiler's cache, kept between calls (default: $TORCHINDUCTOR_CACHE_DIR, else runs/inductor_cache)",
+        default="runs/inductor_cache",
+        help="the compiler's cache (TORCHINDUCTOR_CACHE_DIR, which importing torch sets), kept between calls",
     )
     args = p.parse_args()
     cache = inductor_cache(args.inductor_cache)
