@@ -36,9 +36,9 @@ def bf16_peak_tflops(device: str) -> float | None:
     return next((peak for key, peak in BF16_PEAK_TFLOPS.items() if key in name), None)
 
 
-def train_flops_per_image(model: torch.nn.Module, device: str) -> float:
+def train_flops_per_image(model: torch.nn.Module, device: str, *, img_size: int = 224) -> float:
     """Matrix FLOPs of one image's forward and backward pass (what MFU counts; the optimizer step is not)."""
-    x = torch.randn(2, 3, 224, 224, device=device)
+    x = torch.randn(2, 3, img_size, img_size, device=device)
     with FlopCounterMode(display=False) as counter:
         model(x).sum().backward()
     model.zero_grad(set_to_none=True)

@@ -1,209 +1,185 @@
-"""ViT-B/16 training speed on one GPU, one switch at a time: which settings buy the model FLOPs utilisation (MFU).
+"""Training speed one switch at a time, each with its loss curve against eager fp32: which settings buy the model
+FLOPs utilisation (MFU) without changing the training.
 
-    python -m bench.mfu_ablation [--batch 256] [--deadline 240] [--curve-steps 200]
+    python -m bench.mfu_ablation [--device cuda] [--rows eager,compile,...] [--deadline 300] [--curve-steps 200]
 
-Each row is ours (or timm's, same weights) training at batch 256 with AdamW on random 224 px images, bf16: the
-switches are the AdamW implementation (foreach, the default, or ``fused``), the weights' dtype (fp32 under bf16
-autocast, or bf16 weights and optimizer state, no autocast), and ``torch.compile`` (none, ``default``,
-``max-autotune-no-cudagraphs``, ``max-autotune``: the latter with CUDA graphs). MFU is the forward and backward
-matrix FLOPs (``bench.bench_model.train_flops_per_image``) times images/s over the GPU's bf16 peak.
+On CUDA: ViT-B/16 at batch 256 with AdamW on random 224 px images, the curves over 200 steps. On a CPU (``--device
+cpu``): a tiny ViT (``bench.mfu_switches.CPU_SPEC``), 50 steps, every switch a CPU can run; the CUDA-only ones
+(CUDA graphs, SDPA's memory-efficient kernel) are printed as skipped with the reason. The rows and how a curve is
+compared: ``bench.mfu_switches``. MFU is the forward and backward matrix FLOPs
+(``bench.bench_model.train_flops_per_image``) times images/s over the GPU's bf16 peak (none on a CPU).
 
-Then the loss curves: ``--curve-steps`` steps of the eager fp32-weight run and of the fastest row, from the same
-weights on the same batches (a fixed set of 16 batches of random images with random labels, which a ViT-B learns
-to fit), with a second eager run from another seed as the noise floor: the fastest row's curve must differ from
-the eager one's by no more than the two eager curves differ (mean absolute difference of 10-step means).
-
-Order: the rows without autotuning, timm at the fastest of them, the loss curves, then the autotuned rows (their
-compilation takes minutes). Nothing starts once ``--deadline`` seconds have passed (compilation included): a row
-that would is printed as skipped.
+Each row trains its curve (compilation in its first steps), then is timed on the same trainer. The first row is
+eager, whose curve is the reference; the noise floor is eager from another seed. Nothing starts once
+``--deadline`` seconds have passed (compilation included): a row that would is printed as skipped. The compiler's
+cache is ``--inductor-cache`` (a folder under runs/ by default), so that a later call (of
+``bash bench/gpu_checks.sh`` on a machine that stays up) starts with ``max-autotune``'s choices already made; the
+header says whether it held anything.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import dataclasses
+import os
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import timm
 import torch
-import torch.nn.functional as F
-
-import vit_core
 
 from .bench_model import bf16_peak_tflops, train_flops_per_image
-
-NAME = "vit_base_patch16_224"
-
-
-@dataclass(frozen=True)
-class Row:
-    lib: str = "ours"
-    fused: bool = False
-    bf16_weights: bool = False
-    compile: str | None = None  # a torch.compile mode, None: eager
-
-    def label(self) -> str:
-        return (
-            f"{self.lib:4s} AdamW {'fused  ' if self.fused else 'foreach'} "
-            f"weights {'bf16' if self.bf16_weights else 'fp32'} compile {self.compile or 'no'}"
-        )
-
-
-ROWS = [
-    Row(),
-    Row(fused=True),
-    Row(fused=True, bf16_weights=True),
-    Row(fused=True, compile="default"),
-    Row(fused=True, bf16_weights=True, compile="default"),
-    Row(fused=True, bf16_weights=True, compile="max-autotune-no-cudagraphs"),
-    Row(fused=True, bf16_weights=True, compile="max-autotune"),
-]
+from .mfu_switches import (
+    CPU_SPEC,
+    CUDA_SPEC,
+    ROWS,
+    ModelSpec,
+    Row,
+    curve,
+    curve_data,
+    make_model,
+    mean_gap,
+    skip_reason,
+    smoothed,
+    timed_steps,
+    trainer,
+)
 
 
-def make_model(lib: str, seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    ref = timm.create_model(NAME)
-    if lib == "timm":
-        return ref.cuda()
-    ours = vit_core.create_model(NAME)
-    ours.load_state_dict(ref.state_dict())
-    return ours.cuda()
+@dataclass
+class Result:
+    """One row's measurement: images/s, its curve, its gap to eager's, and its seconds (compilation included)."""
+
+    ips: float
+    losses: list[float]
+    gap: float
+    seconds: float
 
 
-def trainer(row: Row, seed: int = 0, lr: float = 1e-6):
-    """A ``step(x, y) -> loss`` closure for ``row``: one forward, backward and AdamW step."""
-    model = make_model(row.lib, seed).train()
-    if row.bf16_weights:
-        model = model.to(torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=row.fused, foreach=None if row.fused else True)
-    autocast = nullcontext() if row.bf16_weights else torch.autocast("cuda", dtype=torch.bfloat16)
+class Ablation:
+    """The rows' measurements on one device, against eager's curve (per batch) and the noise floor."""
 
-    forward = model if row.compile is None else torch.compile(model, mode=row.compile)  # as the engine compiles
+    def __init__(self, spec: ModelSpec, device: str, steps: int) -> None:
+        self.spec, self.device, self.steps = spec, device, steps
+        self.references: dict[int, list[float]] = {}  # eager's curve at each batch scale
 
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with autocast:
-            loss = F.cross_entropy(forward(x.to(torch.bfloat16) if row.bf16_weights else x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+    def reference(self, scale: int) -> list[float]:
+        """Eager's curve at ``scale`` reference batches (in passes of one reference batch above 1)."""
+        if scale not in self.references:
+            step = trainer(Row(), self.spec, self.device, passes=self.spec.batch if scale > 1 else None)
+            self.references[scale] = curve(step, curve_data(self.spec, self.device, scale), self.steps)
+        return self.references[scale]
 
-    return step
+    def floor(self) -> float:
+        """The noise floor: eager's curve against eager's from another seed."""
+        other = curve(trainer(Row(), self.spec, self.device, seed=1), curve_data(self.spec, self.device), self.steps)
+        return mean_gap(self.reference(1), other)
 
-
-def throughput(row: Row, batch: int, repeats: int = 3, iters: int = 5) -> float:
-    """Training images/s of ``row`` (median of ``repeats`` timings of ``iters`` steps, after a warm-up)."""
-    step = trainer(row)
-    x = torch.randn(batch, 3, 224, 224, device="cuda")
-    y = torch.randint(0, 1000, (batch,), device="cuda")
-    for _ in range(3):
-        step(x, y)
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            step(x, y)
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / iters)
-    return batch / statistics.median(times)
+    def measure(self, row: Row) -> Result:
+        t0 = time.time()
+        try:
+            data = curve_data(self.spec, self.device, row.batch_scale)
+            step = trainer(row, self.spec, self.device)
+            losses = curve(step, data, self.steps)
+            seconds_per_step = timed_steps(step, *data[0], self.device)
+        finally:
+            torch.compiler.reset()
+        gap = mean_gap(self.reference(row.batch_scale), losses)
+        return Result(len(data[0][0]) / seconds_per_step, losses, gap, time.time() - t0)
 
 
-def curve(row: Row, batch: int, steps: int, seed: int) -> list[float]:
-    """Training losses of ``row`` over ``steps`` steps on 16 fixed random batches (the data seeded apart from
-    the weights)."""
-    step = trainer(row, seed, lr=1e-4)
-    g = torch.Generator(device="cuda").manual_seed(1234)
-    shape = (batch, 3, 224, 224)
-    data = [
-        (torch.randn(shape, device="cuda", generator=g), torch.randint(0, 10, (batch,), device="cuda", generator=g))
-        for _ in range(16)
-    ]
-    return [float(step(*data[i % 16])) for i in range(steps)]
-
-
-def smoothed(losses: list[float], k: int = 10) -> list[float]:
-    return [sum(losses[i : i + k]) / k for i in range(0, len(losses) - k + 1, k)]
-
-
-def mean_gap(a: list[float], b: list[float]) -> float:
-    sa, sb = smoothed(a), smoothed(b)
-    return sum(abs(u - v) for u, v in zip(sa, sb, strict=True)) / len(sa)
-
-
-def timed_row(row: Row, batch: int, flops: float, peak: float) -> float | None:
-    """Print ``row``'s table line; its images/s (None: it failed)."""
-    t0 = time.time()
-    try:
-        ips = throughput(row, batch)
-    except Exception as e:  # a mode this torch cannot compile is a row's result, not the end of the table
-        print(f"| {row.label()} | failed: {type(e).__name__}: {str(e)[:120]} | | |", flush=True)
-        return None
-    finally:
-        torch.compiler.reset()
-    print(f"| {row.label()} | {ips:.0f} | {flops * ips / (peak * 1e12):.1%} | {time.time() - t0:.0f} |", flush=True)
-    return ips
+def inductor_cache(folder: str) -> str:
+    """Point the compiler's cache at ``folder`` (before anything compiles); whether it held anything."""
+    path = Path(folder).resolve()
+    had = path.is_dir() and any(path.iterdir())
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else folder  # no server path in the log
+    return f"inductor cache {shown} ({'warm: an earlier call filled it' if had else 'cold'})"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--deadline", type=float, default=300.0, help="seconds after which no row or curve starts")
-    p.add_argument("--curve-steps", type=int, default=200)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch", type=int, help="the reference batch (default: 256 on CUDA, 32 on a CPU)")
+    p.add_argument("--deadline", type=float, default=300.0, help="seconds after which no row starts")
+    p.add_argument("--curve-steps", type=int, help="default: 200 on CUDA, 50 on a CPU")
     p.add_argument("--peak-tflops", type=float)
-    p.add_argument("--rows", help="which rows of ROWS, by index (e.g. 3,5; default: all)")
-    p.add_argument("--curve-row", type=int, help="the row whose loss curve is compared (default: the fastest)")
-    args = p.parse_args()
-    rows = ROWS if args.rows is None else [ROWS[int(i)] for i in args.rows.split(",")]
-    start = time.time()
-    late = lambda: time.time() - start > args.deadline  # noqa: E731
-    peak = args.peak_tflops or bf16_peak_tflops("cuda")
-    flops = train_flops_per_image(make_model("ours"), "cuda")
-    print(
-        f"{torch.cuda.get_device_name()} (bf16 peak {peak} TFLOP/s), torch {torch.__version__}, "
-        f"timm {timm.__version__}, {NAME} batch {args.batch}, {flops / 1e9:.1f} GFLOP per image (forward + backward)"
+    p.add_argument("--rows", help=f"which rows, by name (default: all): {', '.join(ROWS)}")
+    p.add_argument(
+        "--inductor-cache",
+        default="runs/inductor_cache",
+        help="the compiler's cache (TORCHINDUCTOR_CACHE_DIR, which importing torch sets), kept between calls",
     )
-    print("| setting | img/s | MFU | seconds (compile included) |\n|---|---:|---:|---:|", flush=True)
-    results: dict[Row, float] = {}
-    autotuned = [row for row in rows if row.compile and row.compile.startswith("max-autotune")]
-    for row in [r for r in rows if r not in autotuned]:
-        if late():
-            print(f"| {row.label()} | skipped: deadline | | |", flush=True)
-        elif (ips := timed_row(row, args.batch, flops, peak)) is not None:
-            results[row] = ips
-    best = max(results, key=results.get) if results else rows[0]
-    twin = Row("timm", best.fused, best.bf16_weights, best.compile)
-    if results and not late() and (ips := timed_row(twin, args.batch, flops, peak)) is not None:
-        print(f"ours / timm at the fastest setting so far: {results[best] / ips:.3f}", flush=True)
-    if late():
-        print("loss curves: skipped, deadline")
+    args = p.parse_args()
+    cache = inductor_cache(args.inductor_cache)
+    names = list(ROWS) if args.rows is None else args.rows.split(",")
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        p.error(f"unknown rows {', '.join(unknown)}; rows: {', '.join(ROWS)}")
+    spec = CUDA_SPEC if args.device == "cuda" else CPU_SPEC
+    spec = dataclasses.replace(spec, batch=args.batch or spec.batch, steps=args.curve_steps or spec.steps)
+    start = time.time()
+    run(spec, args.device, names, deadline=start + args.deadline, peak=args.peak_tflops, cache=cache)
+
+
+def run(spec: ModelSpec, device: str, names: list[str], *, deadline: float, peak: float | None, cache: str) -> None:
+    """Print the table of ``names``' rows and the summary."""
+    if device == "cuda":
+        peak = peak or bf16_peak_tflops("cuda")
+        where = f"{torch.cuda.get_device_name()} (bf16 peak {peak} TFLOP/s)"
     else:
-        eager = curve(Row(), args.batch, args.curve_steps, seed=0)
-        noise = curve(Row(), args.batch, args.curve_steps, seed=1)
-        if args.curve_row is not None:
-            best = ROWS[args.curve_row]
-        fast = curve(best, args.batch, args.curve_steps, seed=0)
-        torch.compiler.reset()
-        floor, gap = mean_gap(eager, noise), mean_gap(eager, fast)
+        where = f"CPU, {torch.get_num_threads()} threads (no peak: no MFU)"
+    flops = train_flops_per_image(make_model("ours", spec, device), device, img_size=spec.img_size)
+    ablation = Ablation(spec, device, spec.steps)
+    floor = ablation.floor()
+    print(
+        f"{where}, torch {torch.__version__}, timm {timm.__version__}; {spec.overrides or 'ViT-B/16'} batch "
+        f"{spec.batch}, {flops / 1e9:.3f} GFLOP per image (forward + backward); {cache}\n"
+        f"loss curves over {spec.steps} steps (10-step means) from the same weights on the same 16 batches; noise "
+        f"floor (eager against eager from another seed, mean gap of 10-step means): {floor:.4f}",
+        flush=True,
+    )
+    print(
+        "| row | setting | img/s | MFU | loss (first -> last 10-step mean) | gap to eager | curve | seconds |\n"
+        "|---|---|---:|---:|---|---:|---|---:|",
+        flush=True,
+    )
+    results: dict[str, Result] = {}
+    for name in names:
+        row = ROWS[name]
+        reason = skip_reason(row, device) or ("deadline" if time.time() > deadline else None)
+        if reason:
+            print(f"| {name} | {row.label()} | skipped: {reason} | | | | | |", flush=True)
+            continue
+        try:
+            r = results[name] = ablation.measure(row)
+        except Exception as e:  # a switch this torch cannot run is a row's result, not the end of the table
+            print(f"| {name} | {row.label()} | failed: {type(e).__name__}: {str(e)[:150]} | | | | | |", flush=True)
+            continue
+        mfu = f"{flops * r.ips / (peak * 1e12):.1%}" if peak else "-"
+        s = smoothed(r.losses)
+        verdict = "within noise" if r.gap <= floor else "OUTSIDE NOISE"
         print(
-            f"loss curves over {args.curve_steps} steps (10-step means): eager {smoothed(eager)[0]:.3f} -> "
-            f"{smoothed(eager)[-1]:.3f}, compared ({best.label()}) {smoothed(fast)[0]:.3f} -> "
-            f"{smoothed(fast)[-1]:.3f}; "
-            f"mean gap to eager {gap:.4f}, eager vs eager from another seed {floor:.4f}: "
-            f"{'WITHIN NOISE' if gap <= floor else 'OUTSIDE NOISE'}",
+            f"| {name} | {row.label()} | {r.ips:.0f} | {mfu} | {s[0]:.3f} -> {s[-1]:.3f} | {r.gap:.4f} | {verdict} | "
+            f"{r.seconds:.0f} |",
             flush=True,
         )
-    for row in autotuned:  # last: autotuning compiles for minutes
-        if late():
-            print(f"| {row.label()} | skipped: deadline | | |", flush=True)
-        elif (ips := timed_row(row, args.batch, flops, peak)) is not None:
-            results[row] = ips
-    if not results:
+    summary(results, floor, flops, peak)
+
+
+def summary(results: dict[str, Result], floor: float, flops: float, peak: float | None) -> None:
+    """The fastest row within noise, and ours against timm in the combined setting."""
+    if "combined" in results and "timm-combined" in results:
+        print(f"ours / timm, combined: {results['combined'].ips / results['timm-combined'].ips:.3f}")
+    kept = {n: r for n, r in results.items() if r.gap <= floor}
+    if not kept:
+        print("no row measured within noise")
         return
-    best = max(results, key=results.get)
-    print(f"fastest: {best.label()}, {results[best]:.0f} img/s, MFU {flops * results[best] / (peak * 1e12):.1%}")
+    best = max(kept, key=lambda n: kept[n].ips)
+    mfu = f", MFU {flops * kept[best].ips / (peak * 1e12):.1%}" if peak else ""
+    print(f"fastest within noise: {best} ({ROWS[best].label()}), {kept[best].ips:.0f} img/s{mfu}", flush=True)
 
 
 if __name__ == "__main__":

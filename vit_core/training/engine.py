@@ -303,8 +303,8 @@ class _Run:
             if stopped:
                 break
         self.procs.all_sum(sums)
-        seconds = time.time() - t0
-        row = {"epoch": epoch + 1, "train_loss": sums[0].item() / sums[2].item()}
+        row = {"epoch": epoch + 1, "train_loss": sums[0].item() / sums[2].item()}  # waits for the device's last step
+        seconds = time.time() - t0  # so that the epoch's time is its steps' on a GPU too
         if not math.isfinite(row["train_loss"]):
             raise FloatingPointError(f"the training loss became {row['train_loss']} in epoch {epoch + 1}; lower lr")
         if self.mixup is None:  # mixed targets have no single correct class
