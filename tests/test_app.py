@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shutil
 import socket
 import struct
 import subprocess
@@ -545,3 +546,30 @@ def test_the_docs_api_examples_run_as_written(server, monkeypatch, capsys):
         assert "http://127.0.0.1:7860/" in code
         exec(compile(code.replace("http://127.0.0.1:7860/", url), doc, "exec"), {})
     assert "cat (" in capsys.readouterr().out  # the README prints the verdict on the example cat
+
+
+def test_the_docs_train_example_runs_as_written(server, monkeypatch, tmp_path, capsys):
+    """docs/app.md's ``/train`` block (marked ``docs-test: train``), run in a folder holding its ``photos.zip``
+    (ants and bees as colours) and ``photos/ants/1.jpg``, with only the address changed: the model's value is read
+    where the page says, and /classify answers with it in the zip's classes."""
+    from .test_docs import marked_block
+
+    _, _, url = server
+    code = marked_block("train")
+    (tmp_path / "photos" / "ants").mkdir(parents=True)
+    Image.new("RGB", (40, 40), (200, 30, 10)).save(tmp_path / "photos" / "ants" / "1.jpg")
+    with zipfile.ZipFile(tmp_path / "photos.zip", "w") as zf:
+        for i in range(8):
+            for name, colour in (("ants", (200 + 5 * i, 20 * i, 10)), ("bees", (10, 20 * i, 200 + 5 * i))):
+                buf = io.BytesIO()
+                Image.new("RGB", (40, 40), colour).save(buf, "JPEG")
+                zf.writestr(f"photos/{name}/{i}.jpg", buf.getvalue())
+    monkeypatch.chdir(tmp_path)
+    before = set((ROOT / "runs").glob("app-*"))
+    try:
+        exec(compile(code.replace("http://127.0.0.1:7860/", url), "docs/app.md", "exec"), {})
+    finally:
+        for run in set((ROOT / "runs").glob("app-*")) - before:  # a local server writes its runs there
+            shutil.rmtree(run)
+    out = capsys.readouterr().out
+    assert "Done." in out and ("ants" in out.splitlines()[-1] or "bees" in out.splitlines()[-1]), out[-2000:]

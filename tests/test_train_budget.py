@@ -72,5 +72,5 @@ def test_a_zip_that_declares_fewer_entries_than_it_holds_is_refused(ctx, tmp_pat
     data[end + 8 : end + 12] = struct.pack("<HH", 1, 1)  # entries on this disk, entries in all
     path.write_bytes(bytes(data))
     request = types.SimpleNamespace(session_hash="liar")
-    (update,) = train.train(ctx, str(path), ctx.models.default, 0.1, False, request)
+    _, update = train.train(ctx, str(path), ctx.models.default, 0.1, False, request)
     assert update[0] == "⚠️ The zip's directory declares 1 entry but holds more photos.", update[0]

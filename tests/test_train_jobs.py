@@ -134,7 +134,7 @@ def test_every_folder_of_a_job_goes_when_it_ends_however_it_ends(public_ctx, tmp
     # a zip refused by the tab leaves nothing either
     bad = str(make_zip(tmp_path / "one.zip", {"a/1.jpg": b"not an image"}))
     refused = Trainer(public_ctx.models, None, ttl=3600)
-    (refusal,) = train.train(Context(public_ctx.models, trainer=refused), bad, public_ctx.models.default, 0.1)
+    _, refusal = train.train(Context(public_ctx.models, trainer=refused), bad, public_ctx.models.default, 0.1)
     assert "at least 2 class" in refusal[0]  # in the tab's own status line
     assert _left_in(refused) == []
 

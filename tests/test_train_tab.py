@@ -297,7 +297,7 @@ def test_the_job_holds_its_estimate_in_the_memory_gate(ctx, tmp_path):
     gate = Gate(max_memory=rss() + trainset.WORKER_BYTES // 2, max_wait=0)
     small = Context(ctx.models, gate=gate, trainer=ctx.trainer)
     photos = str(two_classes(tmp_path / "p.zip"))
-    (update,) = train.train(small, photos, ctx.models.default, 0.1, False, types.SimpleNamespace(session_hash="g"))
+    _, update = train.train(small, photos, ctx.models.default, 0.1, False, types.SimpleNamespace(session_hash="g"))
     assert update[0].startswith("⚠️ This request needs about") and _unchanged(update)
     assert issubclass(Busy, gr.Error)  # what ``train`` turns into its progress line
     assert train.estimate(ctx, {"model_choice": ctx.models.default}) > trainset.WORKER_BYTES
@@ -364,14 +364,15 @@ def test_a_bad_zip_is_a_line_in_the_progress_and_nothing_else_changes(ctx, tmp_p
         one: "at least 2 class folders",
         text: "The zip holds 1 file but no photos",  # not "found 0", as for an empty zip
         empty: "The zip is empty",
-        tmp_path / "notazip.zip": "at least 2 class folders",
+        tmp_path / "notazip.zip": "This file is not a zip archive",  # said first, not "found 0 class folders"
         None: "Upload a zip of photos",
     }
     for photos, words in cases.items():
-        updates = list(train.train(ctx, photos and str(photos), ctx.models.default, 0.1, False, request))
+        checking, *updates = train.train(ctx, photos and str(photos), ctx.models.default, 0.1, False, request)
+        assert checking[0] == "Checking the zip…" and _unchanged(checking)  # the last attempt's warning gone at once
         assert len(updates) == 1 and _unchanged(updates[0]), (photos, updates)
         assert updates[0][0].startswith("⚠️ ") and words in updates[0][0], (photos, updates[0][0])
-    (over,) = train.train(ctx, str(one), ctx.models.default, 99.0, False, request)
+    _, over = train.train(ctx, str(one), ctx.models.default, 99.0, False, request)
     assert "at most" in over[0] and _unchanged(over)
     ctx.trainer.finish(ctx.trainer.start("after the bad zips", 1))  # the slot is free
 

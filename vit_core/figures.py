@@ -197,25 +197,44 @@ def training_curves_figure(history: Sequence[dict]) -> Image.Image:
     return _render(fig)
 
 
+SHOWN_ON_A_PHONE = 350  # px: the width a page 390 px wide shows a figure at
+READABLE_PX = 12  # the least height of a figure's numbers as shown, on a phone too
+
+
+def confusion_size(k: int) -> tuple[float, float]:
+    """The confusion matrix's size in inches (at 100 dpi) for ``k`` classes."""
+    size = min(3 + 0.45 * k, 24)
+    return size * 1.15, size
+
+
+def count_points(k: int) -> float:
+    """The font size of the counts in a ``k``-class confusion matrix: ``READABLE_PX`` high once the picture is
+    shown ``SHOWN_ON_A_PHONE`` px wide, as long as that fits in a cell (then the cell's size decides)."""
+    width_px = 100 * confusion_size(k)[0]
+    readable = READABLE_PX * width_px / SHOWN_ON_A_PHONE
+    cell = 0.6 * width_px / k  # the matrix takes about 60% of the figure's width
+    return min(readable, 0.4 * cell) * 72 / 100
+
+
 def confusion_figure(confusion: torch.Tensor | np.ndarray, labels: Sequence[str], title: str = "") -> Image.Image:
     """A confusion matrix (rows: true class, columns: predicted): colours are each row's fractions, and the
-    counts are written in the cells when there are at most 20 classes."""
+    counts are written in the cells when there are at most 20 classes, readable on a phone (``count_points``)."""
     cm = _numpy(confusion).astype(np.float64)
     k = len(labels)
     frac = cm / np.maximum(cm.sum(1, keepdims=True), 1)
-    size = min(3 + 0.45 * k, 24)
-    fig = Figure(figsize=(size * 1.15, size), dpi=100, layout="constrained")
+    fig = Figure(figsize=confusion_size(k), dpi=100, layout="constrained")
     ax = fig.subplots()
     im = ax.imshow(frac, cmap="Blues", vmin=0, vmax=1)
     fig.colorbar(im, ax=ax, fraction=0.046, label="fraction of the true class")
+    points = count_points(k)
     if k <= 50:
-        ax.set_xticks(range(k), labels, rotation=60, ha="right", fontsize=8)
-        ax.set_yticks(range(k), labels, fontsize=8)
+        ax.set_xticks(range(k), labels, rotation=60, ha="right", fontsize=max(8, 0.75 * points))
+        ax.set_yticks(range(k), labels, fontsize=max(8, 0.75 * points))
     if k <= 20:
         for i in range(k):
             for j in range(k):
                 color = "white" if frac[i, j] > 0.5 else "black"
-                ax.text(j, i, int(cm[i, j]), ha="center", va="center", fontsize=7, color=color)
+                ax.text(j, i, int(cm[i, j]), ha="center", va="center", fontsize=points, color=color)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     ax.set_title(title)

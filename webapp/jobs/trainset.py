@@ -34,6 +34,7 @@ import math
 import re
 import shutil
 import time
+import zipfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,6 +130,10 @@ def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
     than 2 classes, a class with too few images). ``dest`` is left for the caller to remove."""
 
     path = Path(path)
+    if not zipfile.is_zipfile(path):  # said first: not "no class folders found" about a file that is no archive
+        raise ValueError(
+            "This file is not a zip archive: make one with one folder of photos per class (ants/1.jpg, bees/7.jpg, …)."
+        )
     size = path.stat().st_size
     if size > limits.max_zip_mb * MB:
         raise ValueError(f"The zip has {size / MB:,.0f} MB; at most {limits.max_zip_mb} MB are taken.")

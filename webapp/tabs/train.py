@@ -121,6 +121,7 @@ def train(
     (strategy and why, per-class accuracy, confusion matrix, misclassified files, ECE, threshold). A problem
     (a bad zip, the server busy, the training failed) is the progress line of an update that changes nothing
     else."""
+    yield ("Checking the zip…", *[gr.skip()] * (OUTPUTS - 1))  # the previous attempt's warning goes at once
     try:
         yield from _checked(ctx, photos, model_choice, minutes, double_size, getattr(request, "session_hash", None))
     except gr.Error as e:  # Busy, a refused model and the checks below are gr.Errors too
