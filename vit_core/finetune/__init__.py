@@ -175,7 +175,7 @@ def finetune_folder(
         reserve = finish_seconds(forward_seconds(model, model.config.img_hw), *sizes)
         training_seconds(budget_s - (time.time() - t0), reserve)  # BudgetTooShort when nothing is left
     if strategy == "full" or (strategy == "auto" and budget_s is None):
-        left = None if budget_s is None else max(budget_s - reserve - (time.time() - t0), 1.0)
+        left = None if budget_s is None or not reserve else max(budget_s - reserve - (time.time() - t0), 1.0)
         run = recipe if left is None else Recipe.from_dict(recipe.to_dict() | dict(budget_minutes=left / 60))
         watch.begin("whole model", "the whole model from a new head, as the recipe says")
         start = time.time()

@@ -40,6 +40,7 @@ class Watch:
         self.report, self.t0, self.budget_s, self.print_lines = report, t0, budget_s, print_lines
         self.step = self.epoch = self.offset = self.epoch_offset = 0
         self.loss = self.val = self.best = self.total = self.plan = self.stage = None
+        self.rate = 0.0
         self.stage_start, self.last_line = time.time(), 0.0
 
     def hooks(self, should_stop: Callable[[], bool] | None) -> Hooks:
@@ -59,9 +60,9 @@ class Watch:
 
     def on_step(self, info: StepInfo) -> None:
         self.step, self.loss = self.offset + info.step, info.loss
-        rate = (time.time() - self.stage_start) / max(info.step, 1)  # seconds per step in this stage
-        left = self.left()
-        self.total = self.step + (info.total_steps - info.step if left is None else round(max(left, 0) / rate))
+        self.rate = (time.time() - self.stage_start) / max(info.step, 1)  # seconds per step in this stage
+        steps = info.total_steps - info.step if self.budget_s is None else round(self.left() / self.rate)
+        self.total = self.step + steps
         self.emit("training", quiet=True)
 
     def on_epoch(self, row: dict[str, Any]) -> None:
@@ -69,7 +70,10 @@ class Watch:
         self.emit("training")
 
     def left(self) -> float | None:
-        return None if self.budget_s is None else max(self.budget_s - (time.time() - self.t0), 0.0)
+        """What is left of the budget; without one, the current stage's steps left at its rate (None before)."""
+        if self.budget_s is None:
+            return None if self.total is None else self.rate * (self.total - self.step)
+        return max(self.budget_s - (time.time() - self.t0), 0.0)
 
     def progress(self, phase: str) -> Progress:
         total = self.total if phase == "training" else self.step
