@@ -458,7 +458,8 @@ def test_model_card_shows_calibration_or_says_it_is_unknown():
     card = render_model_card(cfg, "me/m", calibration=cal, evals=calibrated, images=images)
     section = card.split("## Calibration")[1].split("\n## ")[0]
     assert "T = 0.76" in section and "| cifar10 test, flip views | 10000 | 91.00% | 0.0650 | 0.0123 |" in section
-    assert "above 738.1" in section and "![reliability_test_flip](reliability_test_flip.png)" in section
+    assert "738" not in section and "less like the training images than 95% of the held-out" in section  # no raw score
+    assert "![reliability_test_flip](reliability_test_flip.png)" in section
     assert "reliability_test_flip" not in card.split("## Training curves")[1]
     card = render_model_card(cfg, "me/m", evals=evals)
     assert "Calibration unknown" in card and "| 0.0123 | - |" in card

@@ -22,7 +22,8 @@ from vit_core.calibration.ood import OTHERS_SCORES
 from vit_core.data import build_transform, load_image
 from vit_core.finetune import PROBE_NAME, Progress, finetune_folder
 from vit_core.finetune.held_out import held_out_files
-from vit_core.finetune.lpft import FeatureNet, FeaturePairs, Speed, cache_features, choose_strategy, fit_probe
+from vit_core.finetune.lpft import FeatureNet, FeaturePairs, cache_features, fit_probe
+from vit_core.finetune.stages import Plan, StageRecord
 from vit_core.training.evaluation import calibrate_model
 from vit_core.training.progress import ProgressLine
 
@@ -86,19 +87,21 @@ def test_a_temperature_at_the_edge_of_its_search_is_not_kept(folder, tmp_path):
     assert "could not set the temperature" in (tmp_path / "run" / "README.md").read_text()
 
 
-def test_the_strategy_follows_the_budget():
-    """Whole-model fine-tuning when it gets 5 epochs; else LP-FT with the most last blocks that get 2 epochs after
-    the features and the calibration's passes; else the head alone, with at least one pass over every photo."""
-    fast = choose_strategy(Speed(0.001, 0.003), 200, 50, 12, 180)
-    assert fast.name == "full" and fast.copies == 0 and fast.steps == 276 * (200 // 32)  # 180 s / 0.65 s an epoch
-    # features 2*250*0.1 = 50 s, calibration 400*0.1 = 40 s: 90 s left; an epoch of k of 12 blocks:
-    # 200 * (0.1 + k / 12 * 0.9) + 5 = 25 + 15 k s, so k = 1 (2 epochs: 80 s) fits and k = 2 (110 s) does not
-    mid = choose_strategy(Speed(0.1, 1.0), 200, 50, 12, 180)
-    assert (mid.name, mid.blocks, mid.copies) == ("lp-ft", 1, 2) and "last 1 of 12 blocks" in mid.reason
-    slow = choose_strategy(Speed(0.35, 2.5), 194, 49, 12, 180)  # ViT-B/16 on this CPU: no block gets 2 epochs
-    assert (slow.name, slow.blocks, slow.copies, slow.tta) == ("probe", 0, 2, "flip") and ". " not in slow.reason
-    hopeless = choose_strategy(Speed(2.0, 10.0), 194, 49, 12, 180)  # not even one view of each: no mirrors
-    assert (hopeless.name, hopeless.copies, hopeless.tta) == ("probe", 1, None)
+def test_the_stages_follow_what_is_left_and_the_epochs_they_ran():
+    """After the probe: the last half of the blocks for a third of what is left where the whole model affords 2
+    epochs in the rest, else all of it to the most blocks that afford theirs, else nothing; after a stage, the
+    whole model where it affords 2 epochs at the speed that stage measured, else the blocks it trained."""
+    probe = StageRecord("linear probe", "probe", 0, 1, 1, 400, 1.0, 70.0)
+    # an epoch of k of 12 blocks: 200 * 0.01 * (1 + 2 k / 12) + 50 * 0.01 = 2.5 + k / 3 s; decoding 250 * 4 ms = 1 s
+    plan = Plan(0.01, 200, 50, 12)
+    plan.measured(probe)
+    assert plan.next_stage(180) == (6, 60)  # the whole model: 6.5 s an epoch, 13 s in 2/3 of 179 s
+    assert plan.next_stage(12) == (6, 12)  # 2/3 of 11 s is under 13 s: all of it to the last 6 blocks (4.5 s)
+    assert plan.next_stage(9) == (4, 9)  # 8 s left: 6 blocks need 9 s, 4 need 7.7
+    assert plan.next_stage(5) is None  # even one block needs 5.7 s
+    plan.measured(StageRecord("last 6 of 12 blocks", "lp-ft", 6, 4, 24, 768, 37.0, 75.0), setup_s=1.0)
+    assert plan.scale == pytest.approx(2.0)  # 36 s for 4 epochs estimated at 4.5 s: twice as slow as thought
+    assert plan.next_stage(30) == (12, 30) and plan.next_stage(20) == (6, 20) and plan.next_stage(10) is None
 
 
 def test_cached_features_equal_a_fresh_forward_of_each_file(folder):
@@ -172,8 +175,9 @@ def test_a_probe_run_reports_its_strategy_and_writes_the_result_page_data(folder
     r = finetune_folder(folder / "train", folder / "init", out, minutes=None, strategy="probe",
                         overrides=QUICK, on_progress=events.append)  # fmt: skip
     assert r.complete and r.strategy == "probe" and r.steps == 0 and r.temperature is not None
-    assert r.strategy_reason == "probe was asked for" and all(e.strategy == r.strategy_reason for e in events[1:])
-    assert [e.phase for e in events] == ["loading", "features", "calibrating", "done"]
+    assert r.strategy_reason.startswith("1 stage in ") and "linear probe" in r.strategy_reason
+    assert [e.phase for e in events] == ["loading", "features", "training", "calibrating", "done"]
+    assert events[2].stage == "linear probe" and events[2].val_accuracy == r.details["stages"][0]["held_out_top1"]
     d = r.details
     assert sum(map(sum, d["confusion"])) == r.val_images == 10 and d["ece"] >= 0 and d["threshold"] == r.ood_threshold
     right = sum(d["confusion"][k][k] for k in range(2))
@@ -182,21 +186,21 @@ def test_a_probe_run_reports_its_strategy_and_writes_the_result_page_data(folder
     model = vit_core.from_pretrained(out)
     assert model.calibration.ood is not None and model.label_names == ["blue", "red"]
     card = (out / "README.md").read_text()
-    assert "## Held-out results" in card and "Strategy: probe: probe was asked for" in card
+    assert "## Held-out results" in card and "| linear probe (kept) | 1 | 1 | 76 |" in card
     held = json.loads((out / "eval_held-out_flip.json").read_text())
     assert held["top1"] == pytest.approx(r.val_accuracy)
 
 
-def test_lp_ft_fine_tunes_from_the_probes_head_with_the_stem_frozen(folder, tmp_path):
+def test_lp_ft_fine_tunes_the_whole_model_from_the_probes_head(folder, tmp_path):
     """With a learning rate of 0 the fine-tuning moves nothing: the result is the probe's checkpoint, whose head
     is the probe fitted on the cached features of every training image and its mirror."""
     out = tmp_path / "run"
     zero = dict(QUICK, lr=0.0, warmup_lr=0.0, min_lr=0.0)
     r = finetune_folder(folder / "train", folder / "init", out, minutes=None, strategy="lp-ft", overrides=zero)
-    assert r.strategy == "lp-ft" and r.steps > 0
+    assert r.strategy == "full" and r.steps > 0  # every block: the whole model, from the probe's head
     probe, tuned = vit_core.from_pretrained(out / PROBE_NAME), vit_core.from_pretrained(out)
     recipe = json.loads((out / "recipe.json").read_text())
-    assert recipe["keep_head"] and recipe["freeze"] == ["patch_embed"] and recipe["init"] == str(out / PROBE_NAME)
+    assert recipe["keep_head"] and recipe["freeze"] == [] and recipe["init"] == str(out / PROBE_NAME)
     for k, v in probe.state_dict().items():
         torch.testing.assert_close(tuned.state_dict()[k], v, rtol=0, atol=0, msg=k)
     assert probe.head.weight.abs().sum() > 0
@@ -207,10 +211,11 @@ def test_the_command_line_fine_tunes_a_folder_with_the_strategy_asked_for(folder
     argv = ["--recipe", "finetune_folder", "--data", str(folder / "train"), "--init", str(folder / "init")]
     argv += ["--minutes", "2", "--strategy", "probe", "--out", str(out), "--no-progress", "--set", "batch_size=8"]
     assert train_main(argv) == 0
-    assert "probe: probe was asked for; calibrated on the held-out images" in capsys.readouterr().out
+    assert "1 stage in " in (said := capsys.readouterr().out) and "calibrated on the held-out images" in said
+    assert str(tmp_path) not in said  # no absolute path: the card's file is named relative or by name
     assert json.loads((out / "recipe.json").read_text())["budget_minutes"] == 2
     assert vit_core.from_pretrained(out).calibration.ood is not None
-    assert "Strategy: probe" in (out / "README.md").read_text()
+    assert "| linear probe (kept) |" in (out / "README.md").read_text()
 
 
 def test_photos_of_other_things_are_no_class_and_set_the_threshold(folder, tmp_path):
@@ -252,7 +257,10 @@ def test_photos_of_other_things_are_no_class_and_set_the_threshold(folder, tmp_p
         held = scores([data / f for f in held_out_files(str(data), 0.2)])
         assert abs(float((held <= threshold).double().mean()) - d["kept"]) <= 1 / len(held) + 1e-9  # one at the edge
         assert d["score"] in OTHERS_SCORES and model.calibration.ood.score == d["score"]
-        assert f"6 of 12 photos of other things chose the {d['score']} score" in (out / "README.md").read_text()
+        assert (
+            f"6 of 12 photos of other things (`_other`) chose how photos are scored ({d['score']})"
+            in (out / "README.md").read_text()
+        )
 
 
 def test_the_docs_show_bench_other_photos_numbers_from_its_results_file():

@@ -461,7 +461,7 @@ def test_model_card_metadata_validates_and_carries_the_run(run_dir):
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert result.metric_type == "accuracy" and result.dataset_split == "test"
     assert result.metric_value == rows[2]["test_top1"] == 33.0  # the last line reporting accuracy
-    assert "| test_top1 | 33 |" in card.text and "| epoch | 3 |" in card.text
+    assert "| top-1 accuracy on the evaluation images | 33% |" in card.text and "| epochs trained | 3 |" in card.text
     assert ", ".join(f"`{i}` {n}" for i, n in enumerate(LABELS)) in card.text
     assert '"epochs": 3' in card.text and "hf_leaked" not in text  # recipe shown, credentials dropped
     assert "![curves](curves.png)" in card.text
@@ -484,7 +484,8 @@ def test_model_card_dataset_and_task_from_the_recipe(recipe, datasets, eval_data
     data = ModelCard(text).data
     assert data.datasets == datasets
     assert (data.eval_results[0].dataset_type if data.eval_results else None) == eval_dataset
-    assert "| test_acc | 0.5 |" in text
+    assert ("| accuracy on the evaluation images | 0.5 |" in text) == (eval_dataset is not None)
+    assert "/data" not in text  # a folder by its name
 
 
 @pytest.mark.parametrize(

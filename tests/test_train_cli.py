@@ -25,7 +25,8 @@ from safetensors.torch import load_file
 import train
 import vit_core
 from train import apply_overrides, first_sentence, fit_warmup, list_recipes, load_recipe, recipe_listing
-from train.__main__ import calibrate_parser, eval_parser, main, train_parser
+from train.__main__ import calibrate_parser, main, train_parser
+from train.evaluate import eval_parser
 from vit_core.training.recipe import Recipe, RecipeError
 
 from .test_docs import marked_block

@@ -11,6 +11,7 @@ import ast
 import copy
 import importlib.util
 import re
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -144,3 +145,22 @@ def missing_start(recipe: dict[str, Any], base: dict[str, Any], name: str | None
             "repository, not with the installed package: give --init a run folder of yours, a Hub repo id "
             "(owner/name) or timm:<name>, e.g. --init timm:vit_tiny_patch16_224"
         )
+
+
+def prog() -> str:
+    """The command as it was typed, for usage lines: the installed script's name (``vit-train``), or
+    ``python -m train`` when run as a module (``sys.argv[0]`` is then this file, or ``-m`` while starting)."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return "python -m train" if name in ("", "__main__.py", "-c") or name.startswith("-m") else name
+
+
+def shown(path: str | Path) -> str:
+    """A path as the command line prints it: relative to the working folder where it lies under it, else the
+    folder's or file's name, so that no output carries this machine's absolute paths (a log, a pasted issue)."""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(p)
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return p.name or str(p)

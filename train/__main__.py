@@ -38,14 +38,12 @@ from vit_core.training.evaluation import (
     OOD_FIT,
     TTA_MODES,
     calibrate_checkpoint,
-    evaluate_checkpoint,
-    format_confusion,
-    write_eval,
 )
 from vit_core.training.recipe import Recipe, RecipeError
 from vit_core.training.run_folder import DiskFullError
 
-from . import apply_overrides, fit_warmup, load_recipe, missing_start, override, recipe_listing
+from . import apply_overrides, fit_warmup, load_recipe, missing_start, override, prog, recipe_listing, shown
+from .evaluate import run_eval
 from .run import run_by_engine
 
 USER_ERRORS = (
@@ -58,13 +56,6 @@ USER_ERRORS = (
     PermissionError,
     FloatingPointError,  # a diverging loss
 )
-
-
-def prog() -> str:
-    """The command as it was typed, for usage lines: the installed script's name (``vit-train``), or
-    ``python -m train`` when run as a module (``sys.argv[0]`` is then this file, or ``-m`` while starting)."""
-    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
-    return "python -m train" if name in ("", "__main__.py", "-c") or name.startswith("-m") else name
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -110,38 +101,12 @@ def train_parser() -> argparse.ArgumentParser:
         "--strategy",
         choices=STRATEGIES,
         default="auto",
-        help="a folder fine-tuned within --minutes (finetune_folder): auto picks full, lp-ft or probe from the speed",
+        help="a folder fine-tuned within --minutes (finetune_folder): auto spends it in stages, the probe first, "
+        "the best kept; the others force one way",
     )
     p.add_argument("--push-to-hub", metavar="REPO", help="upload the run to this Hugging Face Hub repo afterwards")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
-    return p
-
-
-def eval_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"{prog()} eval", description="Evaluate a checkpoint on a dataset split.")
-    p.add_argument("--model", required=True, help="run folder, checkpoint folder, Hub repo id, or timm:<name>")
-    p.add_argument("--data", required=True, help="dataset: mnist | fashion-mnist | cifar10 | a folder | hf:<name>")
-    p.add_argument("--split", default="test", choices=("train", "test", "val"))
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument(
-        "--subset",
-        type=int,
-        nargs="+",
-        metavar="N",
-        help="evaluate on N images, or with two numbers A B on images A..B-1, of the split's fixed shuffle (as a "
-        "recipe's train_subset): --split train --subset 45000 50000 are the images `train calibrate` holds out",
-    )
-    p.add_argument("--device", default="auto")
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument(
-        "--tta",
-        choices=TTA_MODES,
-        help="test-time augmentation: flip averages the image and its mirror; flip-translate adds the mirror pair "
-        "shifted by 1/32 of the side up-left and down-right",
-    )
-    p.add_argument("--out", help="folder for eval_<split>.json and confusion_<split>.png (default: the model's folder)")
-    p.add_argument("--no-progress", action="store_true")
     return p
 
 
@@ -233,9 +198,7 @@ def run_train(argv: list[str]) -> None:
         minutes, progress = recipe.budget_minutes, not args.no_progress
         r = finetune_folder(recipe.data, recipe.init, args.out, minutes=minutes, strategy=args.strategy,
                             overrides=recipe.to_dict(), overwrite=args.overwrite, progress_bar=progress)  # fmt: skip
-        print(
-            f"{r.strategy}: {r.strategy_reason}; calibrated on the held-out images; wrote {Path(args.out) / CARD_NAME}"
-        )
+        print(f"{r.strategy_reason}; calibrated on the held-out images; wrote {shown(Path(args.out) / CARD_NAME)}")
     else:
         run_by_engine(args, recipe)
     if args.push_to_hub and int(os.environ.get("RANK", "0")) == 0:
@@ -243,55 +206,6 @@ def run_train(argv: list[str]) -> None:
 
         url = push_to_hub(args.out, args.push_to_hub, private=args.private)
         print(f"pushed {args.out} to {url}")
-
-
-def eval_images(numbers: list[int] | None) -> int | list[int] | None:
-    """``eval --subset``: N (the first N images of the fixed shuffle) or A B (images A..B-1), as ``fixed_subset``
-    takes them."""
-    if numbers is None:
-        return None
-    if len(numbers) == 1 and numbers[0] > 0:
-        return numbers[0]
-    if len(numbers) == 2 and 0 <= numbers[0] < numbers[1]:
-        return numbers
-    raise RecipeError(f"--subset takes N > 0, or A B with 0 <= A < B; got {' '.join(map(str, numbers))}")
-
-
-def run_eval(argv: list[str]) -> None:
-    args = eval_parser().parse_args(argv)
-    result = evaluate_checkpoint(
-        args.model,
-        args.data,
-        split=args.split,
-        batch_size=args.batch_size,
-        device=args.device,
-        subset=eval_images(args.subset),
-        workers=args.workers,
-        progress=not args.no_progress,
-        tta=args.tta,
-    )
-    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun every process has the totals; one reports
-        return
-    tta = f", {args.tta} TTA" if args.tta else ""
-    print(
-        f"{args.model} on {args.data} {args.split} ({result['count']} images{tta}): "
-        f"top-1 {result['top1']:.2f}%  top-5 {result['top5']:.2f}%  loss {result['loss']:.4f}"
-    )
-    if len(result["labels"]) <= 20:
-        print("confusion matrix (rows: true, columns: predicted):")
-        print(format_confusion(result["confusion"], result["labels"]))
-    folder = args.out or (args.model if Path(args.model).is_dir() else None)
-    if folder is None:
-        folder = str(Path("runs") / ("eval-" + args.model.replace("/", "--").replace(":", "-")))
-    if result["temperature"] is not None:
-        print(
-            f"calibration error (ECE, 15 bins): {result['ece']:.4f} with temperature {result['temperature']:.4g}, "
-            f"{result['ece_uncalibrated']:.4f} with the plain softmax"
-        )
-    else:
-        print(f"calibration error (ECE, 15 bins): {result['ece']:.4f} (no temperature stored: the plain softmax)")
-    paths = write_eval(result, folder)
-    print(f"wrote {', '.join(map(str, paths))}")
 
 
 def run_calibrate(argv: list[str]) -> None:

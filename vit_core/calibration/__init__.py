@@ -243,5 +243,20 @@ def to_json(cal: Calibration, ood_file: str, ood_sha256: str | None) -> dict[str
             "fitted_on": cal.ood.fitted_on,
             "file": ood_file if cal.ood.statistics else None,
             "sha256": ood_sha256 if cal.ood.statistics else None,
+            "held_out_quantiles": None if cal.ood.held_out_quantiles is None else list(cal.ood.held_out_quantiles),
         }
     return d
+
+
+def unlikeness(detector: OODDetector, score: float) -> str:
+    """An OOD score in words a person can read, relative to the model's own held-out photos (``OODDetector.
+    percentile``), never the raw number: "less like the photos it learned than 97 of 100 of its held-out photos"."""
+    p = detector.percentile(score)
+    if p is None:  # a detector stored without its held-out scores: only its decision can be said
+        side = "beyond" if detector.is_ood(torch.tensor(score)) else "within"
+        return f"{side} what it answers for (its held-out photos' scores were not stored)"
+    if p >= 100:
+        return "less like the photos it learned than every one of its held-out photos"
+    if p < 1:
+        return "more like the photos it learned than any of its held-out photos"
+    return f"less like the photos it learned than {math.floor(p)} of 100 of its held-out photos"

@@ -240,11 +240,18 @@ class OODDetector:
     keep: float  # the fraction of held-out in-distribution images at or under the threshold
     statistics: dict[str, torch.Tensor] = field(default_factory=dict)
     fitted_on: str = ""  # what the statistics and the threshold were computed on, in words
+    # the held-out in-distribution images' scores at the quantiles 0, 1/(n-1), ..., 1 (``score_quantiles``), which
+    # say a score in words (``percentile``); None for a detector stored before they were (its score has no words)
+    held_out_quantiles: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         entry = score_named(self.score)
         if not (isinstance(self.threshold, float | int) and math.isfinite(self.threshold)):
             raise ValueError(f"OOD threshold must be a finite number, got {self.threshold!r}")
+        q = self.held_out_quantiles
+        numbers = isinstance(q, list | tuple) and all(isinstance(v, float | int) and math.isfinite(v) for v in q)
+        if q is not None and not (numbers and 2 <= len(q) <= MAX_QUANTILES and list(q) == sorted(q)):
+            raise ValueError(f"OOD held_out_quantiles must be 2..{MAX_QUANTILES} ascending finite numbers, got {q!r}")
         if not (isinstance(self.keep, float | int) and 0 < self.keep <= 1):
             raise ValueError(f"OOD keep must be in (0, 1], got {self.keep!r}")
         names = set(entry.statistics)
@@ -260,6 +267,29 @@ class OODDetector:
 
     def is_ood(self, scores: torch.Tensor) -> torch.Tensor:
         return scores > self.threshold
+
+    def percentile(self, score: float) -> float | None:
+        """The share (%) of the held-out in-distribution images whose score is under ``score``, read from
+        ``held_out_quantiles`` by linear interpolation (0 under the lowest, 100 over the highest); None without
+        them."""
+        if self.held_out_quantiles is None:
+            return None
+        q = torch.tensor(self.held_out_quantiles, dtype=torch.float64)
+        i = int(torch.searchsorted(q, torch.tensor(float(score), dtype=torch.float64), right=True))
+        if i == 0 or i == len(q):
+            return 0.0 if i == 0 else 100.0
+        lo, hi = q[i - 1].item(), q[i].item()
+        within = 1.0 if hi == lo else (score - lo) / (hi - lo)
+        return 100 * (i - 1 + within) / (len(q) - 1)
+
+
+QUANTILES = 101  # the held-out scores a detector keeps: every percentile, 0 to 100
+MAX_QUANTILES = 1001  # the most a stored detector may hold
+
+
+def score_quantiles(scores: torch.Tensor, n: int = QUANTILES) -> tuple[float, ...]:
+    """The held-out in-distribution ``scores`` at ``n`` evenly spaced quantiles, 0 (the lowest) to 1 (the highest)."""
+    return tuple(torch.quantile(scores.double(), torch.linspace(0, 1, n, dtype=torch.float64)).tolist())
 
 
 def threshold_for(scores: torch.Tensor, keep: float) -> float:

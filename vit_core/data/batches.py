@@ -17,12 +17,14 @@ from .datasets import InMemoryImageDataset
 from .images import ImageDataError
 
 
-def fixed_subset(dataset: Dataset, spec: int | list[int] | None) -> Dataset:
-    """``spec`` None: ``dataset``; N: N images; [a, b]: images a..b-1 of one permutation seeded with 0. The
-    same images for every recipe and seed, so a labelled subset [0, n) and pre-training images [n, N)
-    never overlap."""
+def fixed_subset(dataset: Dataset, spec: int | list[int] | torch.Tensor | None) -> Dataset:
+    """``spec`` None: ``dataset``; a tensor: the images at those indices; N: N images; [a, b]: images a..b-1 of
+    one permutation seeded with 0. The same images for every recipe and seed, so a labelled subset [0, n) and
+    pre-training images [n, N) never overlap."""
     if spec is None:
         return dataset
+    if isinstance(spec, torch.Tensor):  # the images at these indices (a run's held-out images, say)
+        return index_subset(dataset, spec)
     start, stop = (0, spec) if isinstance(spec, int) else spec
     if stop > len(dataset):
         raise ImageDataError(f"subset up to {stop} images, but the dataset has only {len(dataset)}")

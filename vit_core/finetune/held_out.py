@@ -1,10 +1,13 @@
 """What a fine-tuned model's result page shows of its held-out images: per-class accuracy, the confusion matrix,
-and the files it got wrong with what it answered, as ``predict`` answers them (calibrated views); and the model
-card's section of the same."""
+and the files it got wrong with what it answered, as ``predict`` answers them (calibrated views); the model
+card's section of the same, its "none of my classes" check in words (``none_sentence``); and which photos of a
+folder a run did not train on (``unseen_images``), the only ones ``python -m train eval`` may call a test."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +25,23 @@ def held_out_files(data: str, val_fraction: float) -> list[str]:
     folder = build_dataset(data, "train")
     _, held = stratified_split(folder.targets, val_fraction)
     return [folder.samples[i][0].relative_to(data).as_posix() for i in held.tolist()]
+
+
+def unseen_images(model: str | Path, data: str, split: str) -> tuple[torch.Tensor, int] | None:
+    """Where ``model`` is a run folder that trained on a folder with a held-out split (its ``recipe.json``'s
+    ``val_fraction``) and the folder ``data``'s ``split`` holds some of the photos it trained on: (the indices
+    of ``data``'s photos it did not train on, how many it did). None where none of them trained it (or nothing
+    says which did)."""
+    path = Path(model) / "recipe.json"
+    recipe = json.loads(path.read_text()) if path.is_file() else {}
+    if recipe.get("val_fraction") is None or not Path(str(recipe.get("data"))).is_dir() or not Path(data).is_dir():
+        return None
+    folder = build_dataset(recipe["data"], "train")
+    kept, _ = stratified_split(folder.targets, recipe["val_fraction"])
+    trained = {folder.samples[i][0].resolve() for i in kept.tolist()}
+    files = [p.resolve() for p, _ in getattr(build_dataset(data, split), "samples", [])]
+    unseen = [i for i, f in enumerate(files) if f not in trained]
+    return None if len(unseen) == len(files) else (torch.tensor(unseen, dtype=torch.long), len(files) - len(unseen))
 
 
 @torch.no_grad()
@@ -49,19 +69,29 @@ def held_out_details(
     return dict(accuracy=accuracy, confusion=confusion.tolist(), misclassified=wrong)
 
 
-def card_section(details: dict[str, Any], strategy: str) -> str:
-    """The model card's "Held-out results" section: the strategy, per-class accuracy, ECE and threshold, the
-    confusion matrix and the misclassified files."""
+def card_section(details: dict[str, Any]) -> str:
+    """The model card's "What was trained" and "Held-out results" sections, in words a person reads: each stage
+    with its epochs, steps, images seen and held-out accuracy; per-class accuracy, the confusion matrix, the
+    "none of my classes" check said by what it turns away (never a raw score), and the misclassified files."""
     classes = list(details["accuracy"])
-    threshold = details.get("threshold")
-    lines = [
+    lines = ["\n## What was trained\n", f"{details.get('strategy') or 'The whole model, as the recipe says'}.\n"]
+    if details.get("stages"):
+        lines += [
+            "| stage | epochs | steps | images seen | seconds | held-out accuracy |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for st in details["stages"]:
+            top1 = "-" if st["held_out_top1"] is None else f"{st['held_out_top1']:.1f}%"
+            kept = " (kept)" if st["kept"] else ""
+            lines.append(f"| {st['name']}{kept} | {st['epochs']} | {st['steps']} | {st['images_seen']:,} | "
+                         f"{st['seconds']:.0f} | {top1} |")  # fmt: skip
+        lines.append("\nHeld-out accuracy here: one view of each held-out photo; below, as `predict` answers.\n")
+    lines += [
         "\n## Held-out results\n",
-        f"Strategy: {strategy}.\n",
-        f'ECE {details["ece"]:.3f}; "none of my classes" threshold '
-        + ("none" if threshold is None else f"{threshold:.4g}")
+        f"Calibration error (ECE) {details['ece']:.3f}"
         + (f"; {details['temperature_note']}" if details.get("temperature_note") else "")
         + ".\n",
-        *([others_sentence(details) + "\n"] if details.get("others") else []),
+        none_sentence(details) + "\n",
         "| class | held-out accuracy | " + " | ".join(f"as {c}" for c in classes) + " |",
         "|---|---:|" + "---:|" * len(classes),
     ]
@@ -78,11 +108,21 @@ def card_section(details: dict[str, Any], strategy: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def others_sentence(details: dict[str, Any]) -> str:
-    """What the photos of other things (an ``_other`` folder) chose for "none of my classes", and how it did."""
-    return (
-        f"{details['others_chose']} of {details['others']} photos of other things chose the {details['score']} "
-        f"score (AUROC {details['others_auroc']:.3f} against the held-out photos) and set its threshold, which keeps "
-        f"{details['kept']:.0%} of the held-out photos; it turns away {details['others_turned_away']:.0%} of the "
-        f"{details['others_measured']} that measure it."
+def none_sentence(details: dict[str, Any]) -> str:
+    """The "none of my classes" check in plain words, with no raw score: how many of its own held-out photos it
+    turns away, and with an ``_other`` folder what its photos of other things chose and how it did on them."""
+    if details.get("threshold") is None:
+        return '"None of my classes": no check was fitted, so every photo gets one of its classes.'
+    text = (
+        '"None of my classes": a photo less like the photos it learned than '
+        f'{details.get("kept", 0.95):.0%} of its held-out photos is answered "none of my classes"'
     )
+    if details.get("held_out_turned_away") is not None:
+        text += f"; of its own {details['held_out']} held-out photos it turns away {details['held_out_turned_away']}"
+    if details.get("others"):
+        text += (
+            f". {details['others_chose']} of {details['others']} photos of other things (`_other`) chose how photos "
+            f"are scored ({details['score']}) and set it; it turns away {details['others_turned_away']:.0%} of the "
+            f"{details['others_measured']} that measure it"
+        )
+    return text + "."

@@ -1,21 +1,17 @@
-"""Fine-tuning that fits its time budget: measure the model's speed here, then fine-tune the whole model, or
-linear-probe then fine-tune the last blocks (LP-FT), or train the head alone on cached features.
+"""The linear probe of LP-FT on cached features, and the cached features standing in for the frozen model.
 
 LP-FT (Kumar et al., "Fine-Tuning can Distort Pretrained Features and Underperform Out-of-Distribution", ICLR
 2022): first fit the new head on the frozen backbone's features (a linear probe), then fine-tune from that head,
 which beats either alone when labelled images are few. The probe runs on features computed once per image and
-view (the image, its mirror and random resized crops as augmentation copies), so it costs a few forward passes
-whatever the model; what the budget leaves after them goes to fine-tuning as many of the last blocks as it can
-give a few epochs. When even one block cannot have an epoch (ViT-B/16 on a CPU), the probe is the result, and the
-cached features of the held-out images (and their mirrors) and of the training images calibrate it
-(``FeatureNet``), with no further pass over the photos.
+view (the image and its mirror), so it costs a few forward passes whatever the model: the first stage of
+``finetune.stages``. Where it stays the best stage (ViT-B/16 on a CPU, say), the cached features of the held-out
+images (and their mirrors) and of the training images calibrate it (``FeatureNet``), with no further pass over the
+photos.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,100 +21,29 @@ from tqdm.auto import tqdm
 
 from ..data import Batches
 
-FULL_EPOCHS = 5  # the epochs of whole-model fine-tuning a budget must afford for "full"
-FT_EPOCHS = 2  # the epochs LP-FT's fine-tuning of the last blocks must be given
-MAX_COPIES = (
-    8  # augmentation copies of each training image the probe's features may have (the first two: plain, mirror)
-)
-
-
-@dataclass(frozen=True)
-class Speed:
-    """Seconds per image on this machine: a forward pass (eval, no gradients) and a training step (forward and
-    backward of the whole model)."""
-
-    forward_s: float
-    train_s: float
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """How a fine-tuning spends its budget. ``name``: "full" (the whole model from a zero head, as the recipe
-    says), "lp-ft" (a linear probe, then the last ``blocks`` blocks fine-tuned from its head) or "probe" (the
-    head alone). ``copies``: feature copies of each training image for the probe (0 for "full"). ``reason``: one
-    sentence saying why. ``steps``: the engine's optimizer steps the budget is expected to allow (0 for "probe").
-    ``tta``: the views the calibration is fitted for (the image and its mirror, or where a probe cannot afford
-    the held-out mirrors, the image alone)."""
-
-    name: str
-    blocks: int
-    copies: int
-    reason: str
-    steps: int
-    tta: str | None = "flip"
-
 
 @torch.no_grad()
 def _forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model.forward_head(model.forward_features(x), pre_logits=True)
 
 
-def measure_speed(model: nn.Module, image_hw: tuple[int, int], batch: int = 2) -> Speed:
-    """Time ``model`` on ``batch`` random images: one forward to warm up, one timed forward, and one timed
-    forward and backward (in eval mode, so that no normalisation statistics move; the gradients are dropped)."""
+def forward_seconds(model: nn.Module, image_hw: tuple[int, int], batch: int = 8) -> float:
+    """Seconds a forward pass of one image takes ``model`` here: one pass of ``batch`` random images to warm
+    up, then the faster of two timed (a first pass after loading ran 5x slower here). Only a first estimate of
+    what finishing a run takes (``finetune.budget``), before any photo is decoded; the probe's pass over every
+    photo measures it again (``stages.probe``)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     x = torch.randn(batch, 3, *image_hw, device=device)
     _forward(model, x)
-    t0 = time.perf_counter()
-    _forward(model, x)
-    forward = (time.perf_counter() - t0) / batch
-    t0 = time.perf_counter()
-    with torch.enable_grad():
-        model(x).float().logsumexp(-1).sum().backward()
-    train = (time.perf_counter() - t0) / batch
-    model.zero_grad(set_to_none=True)
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        _forward(model, x)
+        times.append(time.perf_counter() - t0)
     model.train(was_training)
-    return Speed(forward, max(train, forward))
-
-
-def choose_strategy(
-    speed: Speed, train_images: int, held_out: int, depth: int, budget_s: float, batch_size: int = 32
-) -> Strategy:
-    """The strategy for ``budget_s`` seconds of training: "full" when whole-model fine-tuning gets
-    ``FULL_EPOCHS`` epochs (each with its evaluation of the held-out images); else LP-FT with the most last
-    blocks that get ``FT_EPOCHS`` epochs after the probe's features (the image and its mirror) and after the
-    calibration's passes (held-out images twice with mirrors, training images once); else the probe alone, with
-    as many augmentation copies as the budget pays for (at least the image itself: one pass over every photo),
-    and the held-out images' mirrors if it pays for them too."""
-    f, t = speed.forward_s, speed.train_s
-    full_epoch = train_images * t + held_out * f
-    epochs = budget_s / full_epoch
-    per_epoch = max(train_images // batch_size, 1)
-    if epochs >= FULL_EPOCHS:
-        steps = math.floor(epochs) * per_epoch
-        return Strategy("full", depth, 0, f"whole-model fine-tuning affords {epochs:.0f} epochs here", steps)
-    features = (2 * train_images + 2 * held_out) * f
-    calibration = (train_images + 4 * held_out) * f
-    left = budget_s - features - calibration
-    for k in range(depth, 0, -1):
-        epoch = train_images * (f + k / depth * (t - f)) + held_out * f
-        if left >= FT_EPOCHS * epoch:
-            reason = (
-                f"whole-model fine-tuning would get {epochs:.1f} epochs, so a linear probe on cached features comes "
-                f"first, then the last {k} of {depth} blocks get {left / epoch:.0f} epochs"
-            )
-            return Strategy("lp-ft", k, 2, reason, math.floor(left / epoch) * per_epoch)
-    tta = "flip" if (train_images + 2 * held_out) * f <= budget_s else None
-    held_cost = (2 if tta else 1) * held_out * f
-    copies = max(1, min(MAX_COPIES, math.floor((budget_s - held_cost) / (train_images * f))))
-    views = f"{copies} views of each photo" if copies > 1 else "one view of each photo"
-    reason = (
-        f"one training step takes {t:.2g} s an image here, too slow to fine-tune even the last block for "
-        f"{FT_EPOCHS} epochs, so only the head trains, on cached features of the frozen model ({views})"
-    )
-    return Strategy("probe", 0, copies, reason, 0, tta)
+    return min(times) / batch
 
 
 @torch.no_grad()

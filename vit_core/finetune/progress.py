@@ -1,62 +1,105 @@
 """What ``finetune_folder`` tells its caller as it runs: ``Progress`` reports, made from the engine's hooks by
-``Watch``, with a time-left estimate that never runs past the budget."""
+``Watch`` across the stages (``finetune.stages``), with a time left that counts down the budget; and, for the
+command line, the same as a line on stderr."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..training.progress import Hooks, StepInfo
-from ..training.recipe import Recipe
-from .lpft import Strategy
 
 
 @dataclass(frozen=True)
 class Progress:
-    """What ``on_progress`` is told: after each training step, each epoch, and at each change of phase."""
+    """What ``on_progress`` is told: after each training step, each epoch, each stage, and at each change of
+    phase."""
 
-    phase: str  # "loading", "features" (measured; the probe's features next), "training", "calibrating", "done"
-    # or "cancelled"
-    step: int = 0  # optimizer steps done
-    total_steps: int | None = None  # the steps the budget is expected to allow (a rough guess before the first)
-    epoch: int = 0  # epochs finished
+    phase: str  # "loading", "features" (the probe's features next), "training", "calibrating", "done" or "cancelled"
+    step: int = 0  # optimizer steps done, every stage's
+    total_steps: int | None = None  # the steps the budget is expected to allow at the current rate
+    epoch: int = 0  # epochs finished, every stage's
     loss: float | None = None  # the last batch's training loss
-    val_accuracy: float | None = None  # top-1 (%) on the held-out images after the last finished epoch
+    val_accuracy: float | None = None  # top-1 (%) on the held-out images after the last finished epoch or stage
     elapsed_s: float = 0.0  # since finetune_folder was called
-    eta_s: float | None = None  # time left until the run folder is written, estimated
-    strategy: str | None = None  # the strategy chosen and why, one sentence (once chosen)
+    eta_s: float | None = None  # time left until the run folder is written: what is left of the budget
+    strategy: str | None = None  # the plan in words, revised as the stages run
+    stage: str | None = None  # the stage running ("linear probe", "last 3 of 6 blocks", "whole model")
+    best_accuracy: float | None = None  # the best stage's held-out top-1 (%) so far: the model the run keeps
 
 
 class Watch:
-    """Turns the engine's hooks into ``Progress`` reports, with a time-left estimate: the steps' rate, but never
-    past what is left of the budget."""
+    """Turns the engine's hooks into ``Progress`` reports across the stages. The time left is what is left of the
+    budget (``budget_s`` from ``t0``: the stages spend it all); without one, the current stage's rate.
+    ``print_lines``: also a line on stderr per epoch and stage (the command line's)."""
 
-    def __init__(self, report: Callable[[Progress], None], t0: float, recipe: Recipe, plan: Strategy) -> None:
-        self.report, self.t0, self.plan = report, t0, plan
-        self.budget_s = None if recipe.budget_minutes is None else 60 * recipe.budget_minutes
-        self.step, self.loss, self.val, self.epoch, self.total, self.start = 0, None, None, 0, None, time.time()
+    def __init__(self, report: Callable[[Progress], None], t0: float, budget_s: float | None, print_lines: bool):
+        self.report, self.t0, self.budget_s, self.print_lines = report, t0, budget_s, print_lines
+        self.step = self.epoch = self.offset = self.epoch_offset = 0
+        self.loss = self.val = self.best = self.total = self.plan = self.stage = None
+        self.rate = 0.0
+        self.stage_start, self.last_line = time.time(), 0.0
 
     def hooks(self, should_stop: Callable[[], bool] | None) -> Hooks:
         return Hooks(on_step=self.on_step, on_epoch=self.on_epoch, should_stop=should_stop)
 
+    def begin(self, stage: str, plan: str | None = None) -> None:
+        """A stage starts: its steps and epochs count on from the stages before."""
+        self.offset, self.epoch_offset, self.stage, self.stage_start = self.step, self.epoch, stage, time.time()
+        self.plan = plan or self.plan
+
+    def finished(self, stage: str, accuracy: float | None, best: float | None, epochs: int = 1) -> None:
+        self.stage, self.val, self.best, self.epoch = stage, accuracy, best, self.epoch_offset + epochs
+        self.emit("training")
+
+    def stage_steps(self) -> int:
+        return self.step - self.offset
+
     def on_step(self, info: StepInfo) -> None:
-        self.step, self.loss = info.step, info.loss
-        rate = info.elapsed_s / info.step  # seconds per step so far, evaluations included
-        total = info.total_steps if info.budget_s is None else min(info.total_steps, round(info.budget_s / rate))
-        self.total = max(total, info.step)
-        self.report(self.progress("training", rate * (self.total - info.step)))
+        self.step, self.loss = self.offset + info.step, info.loss
+        self.rate = (time.time() - self.stage_start) / max(info.step, 1)  # seconds per step in this stage
+        steps = info.total_steps - info.step if self.budget_s is None else round(self.left() / self.rate)
+        self.total = self.step + steps
+        self.emit("training", quiet=True)
 
     def on_epoch(self, row: dict[str, Any]) -> None:
-        self.epoch, self.val = row["epoch"], row.get("test_top1")
-        rate = (time.time() - self.start) / max(self.step, 1)
-        self.report(self.progress("training", None if self.total is None else rate * (self.total - self.step)))
+        self.epoch, self.val = self.epoch_offset + row["epoch"], row.get("test_top1")
+        self.emit("training")
 
-    def progress(self, phase: str, left: float | None) -> Progress:
-        if left is not None and self.budget_s is not None:
-            left = min(left, max(self.budget_s - (time.time() - self.start), 0.0))
-        total = self.step if phase != "training" else self.total
-        elapsed = time.time() - self.t0
-        p = Progress(phase, self.step, total, self.epoch, self.loss, self.val, elapsed, left, self.plan.reason)
-        return p
+    def left(self) -> float | None:
+        """What is left of the budget; without one, the current stage's steps left at its rate (None before)."""
+        if self.budget_s is None:
+            return None if self.total is None else self.rate * (self.total - self.step)
+        return max(self.budget_s - (time.time() - self.t0), 0.0)
+
+    def progress(self, phase: str) -> Progress:
+        total = self.total if phase == "training" else self.step
+        left = 0.0 if phase in ("done", "cancelled") else self.left()
+        return Progress(phase, self.step, total, self.epoch, self.loss, self.val, time.time() - self.t0, left,
+                        self.plan, self.stage, self.best)  # fmt: skip
+
+    def emit(self, phase: str, quiet: bool = False) -> None:
+        p = self.progress(phase)
+        self.report(p)
+        if self.print_lines and (not quiet or time.time() - self.last_line > 10):
+            self.last_line = time.time()
+            print(line(p, self.budget_s), file=sys.stderr, flush=True)
+
+
+def line(p: Progress, budget_s: float | None) -> str:
+    """A report as the command line prints it: the stage, its progress, and the budget's time used and left."""
+    parts = [p.stage or p.phase, f"epoch {p.epoch}", f"step {p.step}"]
+    parts += [f"loss {p.loss:.4f}"] if p.loss is not None else []
+    parts += [f"held-out {p.val_accuracy:.1f}%"] if p.val_accuracy is not None else []
+    parts += [f"best {p.best_accuracy:.1f}%"] if p.best_accuracy is not None else []
+    used = f"{_clock(p.elapsed_s)} used" + (f" of {_clock(budget_s)}" if budget_s is not None else "")
+    left = f", {_clock(p.eta_s)} left" if p.eta_s is not None else ""
+    return ", ".join(parts) + f"; {used}{left}"
+
+
+def _clock(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 60}:{s % 60:02d}"

@@ -97,7 +97,11 @@ def read_calibration(
             raise CheckpointError(f"{where}.ood.score must be one of {', '.join(SCORES)}, got {score!r}")
         statistics = _read_ood_statistics(ood, score, fetch, source, model) if SCORES[score].statistics else {}
         try:
-            detector = OODDetector(score, ood.get("threshold"), ood.get("keep"), statistics, ood.get("fitted_on") or "")
+            q = ood.get("held_out_quantiles")  # absent from files written before they were stored
+            q = tuple(q) if isinstance(q, list) else q
+            detector = OODDetector(
+                score, ood.get("threshold"), ood.get("keep"), statistics, ood.get("fitted_on") or "", q
+            )
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{where}.ood: {e}") from None
     try:

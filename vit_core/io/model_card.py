@@ -4,14 +4,16 @@ What is read from a training run folder (the layout ``vit_core.training.engine``
 
 - ``metrics.jsonl``: one JSON object per line (per epoch). The reported accuracy is the value of the first
   of ``ema_test_top1, top1, test_top1, test_acc, val_top1, val_acc, acc, accuracy`` found in the *last*
-  line that has one (``ema_test_top1`` first: with EMA the exported weights are the EMA's). All numeric
-  fields of that line go in the results table. Values are reported as recorded (percentages stay
-  percentages, fractions stay fractions).
+  line that has one (``ema_test_top1`` first: with EMA the exported weights are the EMA's). The results table
+  says it in words with the epochs, the training time and the final loss (``card_text.results_section``), not
+  every field of the line. Values are reported as recorded (percentages stay percentages, fractions stay
+  fractions).
 - ``recipe.json`` / ``recipe.yaml`` / ``recipe.yml``: shown in the card minus any key that looks like a
-  credential (token, secret, password, api key). Its ``data`` (or ``dataset``) names the dataset when none
-  is given: ``mnist``, ``fashion-mnist``, ``cifar10`` map to their Hub datasets, ``hf:owner/name`` is that
-  Hub dataset, anything else (a folder) is named but not linked. A recipe with ``task`` other than
-  ``classify`` (masked patch prediction pre-training) reports no classification accuracy.
+  credential (token, secret, password, api key), its folders by name, never by this machine's path. Its
+  ``data`` (or ``dataset``) names the dataset when none is given: ``mnist``, ``fashion-mnist``, ``cifar10`` map
+  to their Hub datasets, ``hf:owner/name`` is that Hub dataset, anything else (a folder) is named but not linked.
+  A recipe with ``task`` other than ``classify`` (masked patch prediction pre-training) reports no
+  classification accuracy.
 - ``eval_*.json`` (``python -m train eval``): top-1 accuracy and expected calibration error per evaluation,
   with the ``calibration`` section of ``config.json`` (temperature, OOD score and threshold), in a calibration
   section; a checkpoint without one says that its calibration is unknown.
@@ -35,6 +37,7 @@ from huggingface_hub import EvalResult, ModelCardData
 from ..models.config import ViTConfig
 from ..models.variants import size_name
 from .calibration_file import OOD_NAME
+from .card_text import calibration_section, folder_name, is_number, public_recipe, results_section
 from .checkpoint import read_config
 from .files import CONFIG_NAME, METRICS_NAME, WEIGHTS_NAME, CheckpointError, read_header, read_json
 
@@ -83,7 +86,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 def final_metrics(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
     """(accuracy key, row) for the last row that reports an accuracy, or None."""
     for row in reversed(rows):
-        key = next((k for k in ACCURACY_KEYS if _is_number(row.get(k))), None)
+        key = next((k for k in ACCURACY_KEYS if is_number(row.get(k))), None)
         if key is not None:
             return key, row
     return None
@@ -97,7 +100,7 @@ def read_evals(folder: str | Path) -> list[dict[str, Any]]:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(record, dict) and _is_number(record.get("top1")):
+        if isinstance(record, dict) and is_number(record.get("top1")):
             out.append(record)
     return out
 
@@ -122,10 +125,6 @@ def _without_secrets(d: Any) -> Any:
     return d
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def dataset_from_recipe(recipe: dict[str, Any] | None) -> str | None:
     if not recipe:
         return None
@@ -145,7 +144,7 @@ def _dataset_ids(name: str) -> tuple[str | None, str]:
     key = {"cifar-10": "cifar10", "fashionmnist": "fashion-mnist", "imagenet": "imagenet-1k"}.get(key, key)
     if key in _DATASETS:
         return _DATASETS[key]
-    return None, Path(name).name or name  # a local folder: named, not linked
+    return None, folder_name(name)  # a local folder: named, not linked, and never by this machine's path
 
 
 # ------------------------------------------------------------------------------------ the upload
@@ -284,31 +283,17 @@ def render_model_card(
         ),
     ]
     if metrics:
-        key, row = final or (None, metrics[-1])
-        lines = ["## Results\n", "| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {_fmt(v)} |" for k, v in row.items() if _is_number(v)]
-        history = [r[key] for r in metrics if _is_number(r.get(key))] if key else []
-        if len(history) > 1 and max(history) != row[key]:
-            lines.append(f"\nBest {key} during training: {_fmt(max(history))}.")
-        last = metrics[-1]
-        if last.get("stopped") == "asked":  # vit_core.training.progress.Hooks.should_stop: a cancelled run
-            lines.append(
-                f"\n**Incomplete**: the training was cancelled in epoch {last.get('epoch')}, after {last.get('steps')} "
-                "of its steps, before its schedule ended."
-            )
-        elif last.get("stopped") == "budget":
-            lines.append(f"\nThe training ended when its time budget was spent, in epoch {last.get('epoch')}.")
-        parts.append("\n".join(lines) + "\n")
+        parts.append(results_section(metrics, final[0] if final else None))
     reliability = [i for i in images or [] if Path(i).name.startswith("reliability_")]
     if classifier and (calibration or evals):
-        parts.append(_calibration_section(calibration, evals or [], reliability))
+        parts.append(calibration_section(calibration, evals or [], reliability))
     if cfg.label_names:
         shown = [f"`{i}` {n}" for i, n in enumerate(cfg.label_names[:100])]
         more = f", ... ({len(cfg.label_names)} classes, all in `config.json`)" if len(cfg.label_names) > 100 else ""
         parts.append("## Labels\n\n" + ", ".join(shown) + more + "\n")
     parts.append(_usage(cfg, repo_id))
     if recipe:
-        body, fmt = recipe
+        body, fmt = public_recipe(recipe[0]), recipe[1]
         text = json.dumps(body, indent=2) if fmt == "json" else yaml.safe_dump(body, sort_keys=False).rstrip()
         parts.append(f"## Training recipe\n\n```{fmt}\n{text}\n```\n")
     figures = [i for i in images or [] if i not in reliability]
@@ -316,46 +301,6 @@ def render_model_card(
         parts.append("## Training curves\n\n" + "\n".join(f"![{Path(i).stem}]({i})" for i in figures) + "\n")
     parts.append(f"## Citation\n\n```bibtex\n{CITATION}\n```\n")
     return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(parts)
-
-
-def _calibration_section(calibration: dict[str, Any] | None, evals: list[dict[str, Any]], images: list[str]) -> str:
-    """Temperature, calibration error per evaluation, the OOD rule and the reliability diagrams."""
-    lines = ["## Calibration\n"]
-    t = (calibration or {}).get("temperature")
-    if _is_number(t):
-        views = f" for `{calibration['tta']}` views" if calibration.get("tta") else ""
-        fitted = f", fitted on {calibration['fitted_on']}" if calibration.get("fitted_on") else ""
-        lines.append(f"Probabilities are `softmax(logits / T)` with temperature T = {t:.4g}{views}{fitted}.\n")
-    else:
-        why = f" Recorded: {calibration['fitted_on']}." if (calibration or {}).get("fitted_on") else ""
-        lines.append(
-            "Calibration unknown: no temperature is stored for this checkpoint, so its probabilities are the plain "
-            f"softmax (`python -m train calibrate` fits one on held-out training images).{why}\n"
-        )
-    rows = [e for e in evals if _is_number(e.get("ece"))]
-    if rows:
-        lines += ["| evaluation | images | top-1 | ECE, softmax | ECE, calibrated |", "|---|---:|---:|---:|---:|"]
-        for e in rows:
-            what = f"{e.get('data', '?')} {e.get('split', '?')}" + (f", {e['tta']} views" if e.get("tta") else "")
-            calibrated = f"{e['ece']:.4f}" if e.get("temperature") is not None else "-"
-            uncal = e.get("ece_uncalibrated", e["ece"])
-            lines.append(f"| {what} | {e.get('count', '?')} | {e['top1']:.2f}% | {uncal:.4f} | {calibrated} |")
-        lines.append("\nECE: expected calibration error over 15 equal-width confidence bins (Guo et al. 2017).\n")
-    ood = (calibration or {}).get("ood")
-    if isinstance(ood, dict) and _is_number(ood.get("threshold")):
-        keep = f"{ood['keep']:.0%}" if _is_number(ood.get("keep")) else "most"
-        on = f" ({ood['fitted_on']})" if ood.get("fitted_on") else ""
-        lines.append(
-            f'"None of my classes": an image whose `{ood.get("score")}` score (`vit_core.calibration.ood`) is above '
-            f"{ood['threshold']:.4g} is reported as out of distribution; the threshold keeps {keep} of the held-out "
-            f"in-distribution images{on}.\n"
-        )
-    lines += [f"![{Path(i).stem}]({i})" for i in images]
-    return "\n".join(lines) + "\n"
-
-
-def _fmt(v: float) -> str:
-    return str(v) if isinstance(v, int) else f"{v:.4g}"
 
 
 def _usage(cfg: ViTConfig, repo_id: str) -> str:

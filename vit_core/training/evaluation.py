@@ -29,7 +29,15 @@ from ..calibration import (
     temperature,
     tta_views,
 )
-from ..calibration.ood import OTHERS_SCORES, OODDetector, choose_with_others, fit_statistics, ood_scores, threshold_for
+from ..calibration.ood import (
+    OTHERS_SCORES,
+    OODDetector,
+    choose_with_others,
+    fit_statistics,
+    ood_scores,
+    score_quantiles,
+    threshold_for,
+)
 from ..data import Batches, build_transform, class_subset
 from ..data.photos import photo_specs, with_photos
 from ..figures import confusion_figure, reliability_figure
@@ -130,14 +138,8 @@ def evaluate_mpp(
     for x, _ in batches:
         with autocast():
             logits, target = mpp(x, generator=g)
-        logits = logits.float()
-        sums += torch.stack(
-            [
-                F.cross_entropy(logits, target, reduction="sum"),
-                (logits.argmax(-1) == target).sum(),
-                sums.new_tensor(len(target)),
-            ]
-        )
+        logits, hits = logits.float(), (logits.argmax(-1) == target).sum()
+        sums += torch.stack([F.cross_entropy(logits, target, reduction="sum"), hits, sums.new_tensor(len(target))])
     if dist.is_initialized():
         dist.all_reduce(sums)
     mpp.train(was_training)
@@ -152,17 +154,16 @@ def evaluate_checkpoint(
     split: str = "test",
     batch_size: int = 256,
     device: str = "auto",
-    subset: int | list[int] | None = None,
+    subset: int | list[int] | torch.Tensor | None = None,
     workers: int = 0,
     progress: bool = True,
     tta: str | None = None,
 ) -> dict[str, Any]:
-    """:func:`evaluate` of a checkpoint (run folder, Hub id, timm:<name>) on a dataset split, preprocessed as
-    the checkpoint's config says, its probabilities calibrated as its config says; ``tta`` averages each
-    image's prediction over its views (see :func:`tta_views`). A model trained on some of the data's classes
-    (recipe ``classes``) is evaluated on the images of those. ``subset``: N images or [a, b] of the split's fixed
-    shuffle (``data.fixed_subset``). Adds ``labels``, ``model``, ``data``, ``split`` and ``tta`` to
-    :func:`evaluate`'s result."""
+    """:func:`evaluate` of a checkpoint (run folder, Hub id, timm:<name>) on a dataset split, preprocessed and
+    calibrated as its config says; ``tta`` averages each image's prediction over its views (:func:`tta_views`).
+    A model trained on some of the data's classes (recipe ``classes``) is evaluated on the images of those.
+    ``subset``: N images or [a, b] of the split's fixed shuffle, or a tensor of indices (``data.fixed_subset``).
+    Adds ``labels``, ``model``, ``data``, ``split`` and ``tta`` to :func:`evaluate`'s result."""
     procs = setup_processes(device)
     try:
         net = load_init(str(model)).to(procs.device).eval()
@@ -339,8 +340,9 @@ def calibrate_model(
                 ood, threshold, kept = c.score, c.threshold, c.kept
                 what += f" and {c.others_chose} photos of other things, which chose the score"
                 report |= dataclasses.asdict(c)
-            detector = OODDetector(ood, threshold, kept, stats[ood], f"statistics of {fit_name}, threshold on {what}")
-            report["threshold"] = threshold
+            fitted_on, quantiles = f"statistics of {fit_name}, threshold on {what}", score_quantiles(scores[ood])
+            detector = OODDetector(ood, threshold, kept, stats[ood], fitted_on, quantiles)
+            report |= {"threshold": threshold, "held_out_turned_away": int((scores[ood] > threshold).sum())}
     finally:
         net.train(was_training)
         net.calibration = kept_calibration
