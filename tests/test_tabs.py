@@ -25,7 +25,7 @@ from PIL import Image
 
 import app
 from vit_core import methods
-from vit_core.calibration import predict
+from vit_core.calibration import predict, unlikeness
 from vit_core.data import load_image
 from webapp.inference import model_info
 from webapp.inference.analysis import Upload
@@ -152,8 +152,8 @@ def test_classify_batch_and_the_api_decide_by_one_rule(ctx, photo):
     model, transform = ctx.models.get(choice)
     with torch.no_grad():
         p = predict(model, transform(load_image(path)).unsqueeze(0))
-    threshold = model.calibration.ood.threshold
-    expected = model_info.decide(p.probs[0], model.class_names, bool(p.is_ood[0]), float(p.ood_score[0]), threshold)
+    unlike = unlikeness(model.calibration.ood, float(p.ood_score[0]))
+    expected = model_info.decide(p.probs[0], model.class_names, bool(p.is_ood[0]), unlike)
     _, _, _, verdict, _, ood = classify.classify(ctx, path, choice)
     page = classify.show(ctx, Request({"image": Upload(path), "model_choice": choice}))
     _, csv_path, _ = batch.batch(ctx, [path], choice)

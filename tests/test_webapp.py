@@ -305,10 +305,11 @@ def test_the_app_says_why_it_is_unsure():
     assert torn.headline == "Not sure — torn between cat (45%) and dog (40%)" and "both cat and dog" in torn.reason
     spread = model_info.decide(torch.tensor([0.4, 0.35, 0.25]), names)
     assert spread.kind == model_info.UNSURE and "No class stands out" in spread.reason
-    far = model_info.decide(torch.tensor([0.98, 0.01, 0.01]), names, is_ood=True, ood_score=1512.4, threshold=1068.3)
+    words = "less like the photos it learned than 99 of 100 of its held-out photos"
+    far = model_info.decide(torch.tensor([0.98, 0.01, 0.01]), names, is_ood=True, unlike=words)
     assert far.kind == model_info.NONE_OF_MINE and not far.plain
     assert far.headline == "Not one of my 3 classes — most like: cat"  # no "98%" beside "not one of"
-    assert "looks unlike the photos I was trained on (score 1,512; I answer up to 1,068)" in far.reason
+    assert f"looks unlike the photos I was trained on: {words}." in far.reason and "1,512" not in far.reason
     assert "would be cat, but the 98% beside it is a share among my 3 classes, not the chance" in far.reason
     assert far.markdown() == f"{far.headline}\n\n{far.reason}"
 

@@ -14,7 +14,7 @@ from PIL import Image
 from torch import nn
 
 from vit_core import VisionTransformer, figures
-from vit_core.calibration import calibrated_views
+from vit_core.calibration import calibrated_views, unlikeness
 from vit_core.explain import inspection
 from vit_core.io.files import METRICS_NAME, RECIPE_NAME
 
@@ -101,11 +101,11 @@ def decide(
     probs: torch.Tensor,
     names: list[str],
     is_ood: bool | None = None,
-    ood_score: float | None = None,
-    threshold: float | None = None,
+    unlike: str | None = None,
 ) -> Decision:
     """The decision for calibrated ``probs`` over ``names``. ``is_ood`` True (the model's detector said so:
-    ``vit_core.calibration.predict``; its ``ood_score`` and ``threshold`` are quoted when given): none of its
+    ``vit_core.calibration.predict``; ``unlike`` says its score in words when given, relative to the model's own
+    held-out photos, ``vit_core.calibration.unlikeness``: a raw score means nothing to a person): none of its
     classes, naming the one it is most like, and saying that the top probability is a share among the known
     classes, not a chance that the image is one. Otherwise a plain answer when the top probability reaches
     ``UNSURE_BELOW``; below it, "torn between" the top two when they hold ``TORN_FROM`` of the probability, else
@@ -114,8 +114,7 @@ def decide(
     p, i = probs.topk(min(2, len(names)))
     top, p0 = names[i[0]], float(p[0])
     if is_ood:
-        known = ood_score is not None and threshold is not None
-        score = f" (score {ood_score:,.0f}; I answer up to {threshold:,.0f})" if known else ""
+        score = f": {unlike}" if unlike else ""
         return Decision(
             NONE_OF_MINE,
             f"Not one of my {len(names)} classes — most like: {top}",
@@ -140,9 +139,10 @@ def decide(
 
 
 def analysis_decision(a: Analysis) -> Decision:
-    """``decide`` for an analysed upload (``webapp.inference.analysis.analyse``), quoting its detector's score."""
+    """``decide`` for an analysed upload (``webapp.inference.analysis.analyse``), its detector's score in words."""
     detector = a.model.calibration.ood if a.model.calibration is not None else None
-    return decide(a.probs, a.names, a.is_ood, a.ood_score, None if detector is None else detector.threshold)
+    unlike = unlikeness(detector, a.ood_score) if detector is not None and a.ood_score is not None else None
+    return decide(a.probs, a.names, a.is_ood, unlike)
 
 
 def verdict(probs: torch.Tensor, names: list[str], is_ood: bool | None = None) -> str:
