@@ -163,6 +163,17 @@ def _embed(model: nn.Module, images: torch.Tensor, gamma: float) -> torch.Tensor
 # ------------------------------------------------------------------------------------- maps
 
 
+def attnlrp_forward(
+    model: nn.Module, images: torch.Tensor, conv_gamma: float = CONV_GAMMA
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """AttnLRP's forward pass with its graph (call in eval mode, gradients enabled): ``(pixels, logits,
+    attentions, pre-logit features)``, ``pixels`` the leaf ``images`` were copied to; ``pixels ⊙ ∂logit/∂pixels``
+    is then every input value's relevance for that logit. The logits, attentions and features are the model's."""
+    x = images.detach().clone().requires_grad_(True)
+    logits, attentions, features = propagate(model, _embed(model, x, conv_gamma), ATTNLRP)
+    return x, logits, attentions, features
+
+
 def attnlrp_relevance(
     model: nn.Module,
     images: torch.Tensor,
@@ -177,12 +188,24 @@ def attnlrp_relevance(
     """
     token_grid(model, images)  # the shape check
     with eval_mode(model), torch.inference_mode(False), torch.enable_grad():
-        x = images.detach().clone().requires_grad_(True)
-        logits, _, _ = propagate(model, _embed(model, x, conv_gamma), ATTNLRP)
+        x, logits, _, _ = attnlrp_forward(model, images, conv_gamma)
         t = target_classes(target, logits)
         # one backward for the batch: images do not interact, so each image's gradient is its own logit's
         (grad,) = torch.autograd.grad(logits.gather(1, t[:, None]).sum(), x)
     return logits.detach(), (x.detach() * grad).float()
+
+
+def relevance_map(model: nn.Module, relevance: torch.Tensor) -> torch.Tensor:
+    """AttnLRP's map of pixel relevance (B, C, H, W): (B, grid_h, grid_w) in [0, 1], the positive part (the
+    evidence for the class) summed over the colour channels and over each token's ``stride x stride`` cell of
+    the image, divided by the maximum. For a hybrid the relevance has gone through the CNN, so a cell is the
+    pixels under its token, not the token's receptive field."""
+    h, w = token_grid(model, relevance)
+    s = model.config.feature_stride
+    r = relevance.sum(dim=1).clamp(min=0)
+    r = F.pad(r, (0, w * s - r.shape[-1], 0, h * s - r.shape[-2]))  # hybrids: the last cell may be partial
+    cells = r.reshape(r.shape[0], h, s, w, s).sum(dim=(2, 4))
+    return cells / cells.amax(dim=(1, 2), keepdim=True).clamp_min(torch.finfo(cells.dtype).tiny)
 
 
 def attnlrp(
@@ -193,20 +216,11 @@ def attnlrp(
     return_logits: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """AttnLRP (Achtibat et al., ICML 2024): (B, grid_h, grid_w) maps in [0, 1] for ``target`` (None: each
-    image's predicted class; an int; or one class per image).
-
-    The positive part of each pixel's relevance (``attnlrp_relevance``, summed over the colour channels: the
-    evidence for the class), summed over each token's ``stride x stride`` cell of the image, divided by the
-    maximum. For a hybrid the relevance has gone through the CNN, so a cell is the pixels under its token, not
-    the token's receptive field. ``return_logits=True`` returns ``(logits, maps)``.
+    image's predicted class; an int; or one class per image): ``relevance_map`` of ``attnlrp_relevance``.
+    ``return_logits=True`` returns ``(logits, maps)``.
     """
-    h, w = token_grid(model, images)
-    s = model.config.feature_stride
     logits, relevance = attnlrp_relevance(model, images, target, conv_gamma)
-    r = relevance.sum(dim=1).clamp(min=0)
-    r = F.pad(r, (0, w * s - r.shape[-1], 0, h * s - r.shape[-2]))  # hybrids: the last cell may be partial
-    cells = r.reshape(r.shape[0], h, s, w, s).sum(dim=(2, 4))
-    maps = cells / cells.amax(dim=(1, 2), keepdim=True).clamp_min(torch.finfo(cells.dtype).tiny)
+    maps = relevance_map(model, relevance)
     return (logits, maps) if return_logits else maps
 
 
