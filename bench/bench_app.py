@@ -11,7 +11,10 @@ would compete with them for Python's lock), and prints medians of:
 - end to end: request to overlay file through gradio_client, for the app and for the identity app,
   and their ratio (target <= 2);
 - where a new photo's time goes: each of the app's steps (``bench.app_budget``), and Gradio's share, the end to
-  end time less those steps.
+  end time less those steps;
+- the time to the first answer and to the full answer (``vit_core.explain.answer``, in process, as
+  ``bench.app_budget`` measures them), as multiples of one plain forward pass measured beside them
+  (``--model vit-b16``: a ViT-B/16 with seeded random weights, ``bench.app_budget.seeded_b16``).
 
 With several devices (``--device cpu cuda``) the app is started on each in turn, and the last lines give each
 device's times as ratios to the first's.
@@ -32,7 +35,7 @@ from gradio_client import Client, handle_file
 
 import app
 
-from .app_budget import PHOTO, copies, measure_steps, table
+from .app_budget import PHOTO, answers_table, copies, measure_answers, measure_steps, seeded_b16, table
 
 
 def client_times(url: str, api_name: str, files: list[str]) -> tuple[list[float], list[float]]:
@@ -51,9 +54,9 @@ def client_times(url: str, api_name: str, files: list[str]) -> tuple[list[float]
     return ends[1:], computes[1:]
 
 
-def measure(model: str, device: str, files: list[str], more: list[str]) -> dict:
-    """Start the app on ``device`` and an identity app; the medians of their times over ``files``, and of each
-    of the app's steps (``bench.app_budget``) over ``more``."""
+def measure(model: str, device: str, files: list[str], more: list[str], others: list[str]) -> dict:
+    """Start the app on ``device`` and an identity app; the medians of their times over ``files``, of each
+    of the app's steps (``bench.app_budget``) over ``more``, and of the first and full answers over ``others``."""
     ctx = app.setup(model, device)
     ours = app.build_ui(ctx)
     ours.queue(default_concurrency_limit=1)
@@ -69,6 +72,7 @@ def measure(model: str, device: str, files: list[str], more: list[str]) -> dict:
         loaded, _ = ctx.models.get(ctx.models.default)
         return {
             "steps": measure_steps(ctx, more),
+            "answers": measure_answers(ctx, others),
             "model": f"{loaded.num_params():,} parameters",
             "threads": torch.get_num_threads(),
             "compute": statistics.median(computes),
@@ -86,11 +90,12 @@ def main() -> None:
     p.add_argument("--device", default=["cpu"], nargs="+", choices=["cpu", "cuda"])
     p.add_argument("--repeats", type=int, default=20)
     args = p.parse_args()
+    model = seeded_b16() if args.model == "vit-b16" else args.model
 
     with tempfile.TemporaryDirectory() as tmp:
         n = args.repeats + 1  # new copies for each device and use: the app's cache of analyses is the process's
         runs = {
-            d: measure(args.model, d, copies(Path(tmp), n, 2 * i * n), copies(Path(tmp), n, (2 * i + 1) * n))
+            d: measure(model, d, *(copies(Path(tmp), n, (3 * i + k) * n) for k in range(3)))
             for i, d in enumerate(args.device)
         }
     for device, r in runs.items():
@@ -105,6 +110,8 @@ def main() -> None:
         print(f"ratio app / identity:                  {r['end'] / r['identity']:7.2f}      target <= 2")
         print(f"where a new photo's time goes on {device} (bench.app_budget, medians):")
         print(table(r["steps"], r["end"]))
+        print(f"the first answer first on {device} (vit_core.explain.answer, medians):")
+        print(answers_table(r["answers"], args.model))
     first, base = next(iter(runs.items()))
     for device, r in list(runs.items())[1:]:
         print(

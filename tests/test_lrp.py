@@ -76,7 +76,7 @@ def test_forward_with_rules_is_the_models_forward(kind, gamma):
     with torch.no_grad():
         want, attns = model(x, return_attention=True)
     for rules in (lrp_rules.ATTNLRP, lrp_rules.CHEFER):
-        logits, got = lrp.propagate(model, lrp._embed(model, x, gamma), rules)
+        logits, got, _ = lrp.propagate(model, lrp._embed(model, x, gamma), rules)
         torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
         for a, b in zip(got, attns, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -91,7 +91,7 @@ def leaf_relevance(model, x, rules, gamma, target):
     means are zero here, so its shift is its bias)."""
     params = [p for n, p in model.named_parameters() if n.endswith("bias") or n in ("pos_embed", "cls_token")]
     x = x.clone().requires_grad_(True)
-    logits, _ = lrp.propagate(model, lrp._embed(model, x, gamma), rules)
+    logits, _, _ = lrp.propagate(model, lrp._embed(model, x, gamma), rules)
     z = logits[torch.arange(len(x)), target]
     grads = torch.autograd.grad(z.sum(), [x, *params], allow_unused=True)
     per_image = (x * grads[0]).sum(dim=(1, 2, 3))
@@ -155,7 +155,7 @@ def test_chefer_rules_hand_relevance_one_to_the_tokens(kind):
     with torch.no_grad():
         tokens = model.to_tokens(model.patch_embed(x))
     tokens.requires_grad_(True)
-    logits, _ = lrp.propagate(model, tokens, lrp_rules.CHEFER)
+    logits, _, _ = lrp.propagate(model, tokens, lrp_rules.CHEFER)
     z = logits[:, 2]
     (g,) = torch.autograd.grad((z / z.detach()).sum(), tokens)
     torch.testing.assert_close((tokens * g).sum(dim=(1, 2)), torch.ones(3, dtype=torch.float64), rtol=1e-9, atol=1e-9)

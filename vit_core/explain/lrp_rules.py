@@ -53,16 +53,48 @@ def safe_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(b == 0, 0.0, a / b)
 
 
-def uniform_half(x: torch.Tensor) -> torch.Tensor:
-    """Uniform rule for one operand of a bilinear product (AttnLRP prop. 3.2): the value unchanged (x/2 + x/2
-    is exact), half the gradient, so each of the two operands takes half of the product's relevance."""
-    return 0.5 * x + (0.5 * x).detach()
+class _UniformProduct(torch.autograd.Function):
+    """``a @ b`` whose backward pass hands each operand half of the plain gradient: the uniform rule."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = ctx.saved_tensors
+        g = 0.5 * g
+        return g @ b.transpose(-2, -1), a.transpose(-2, -1) @ g
+
+
+def uniform_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` under the uniform rule for a bilinear product (AttnLRP prop. 3.2): each operand takes half of
+    the product's relevance, the ε-rule within, i.e. half the plain gradient. One Function, not the surrogate
+    ``(0.5 a + (0.5 a).detach()) @ (0.5 b + (0.5 b).detach())``: the same gradient, without its six
+    elementwise passes over the attention's tensors."""
+    return _UniformProduct.apply(a, b)
+
+
+class _Identity(torch.autograd.Function):
+    """``y = f(x)``, given both; the backward pass multiplies by ``y / x`` (0 where x is 0)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(safe_div(y, x))
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (ratio,) = ctx.saved_tensors
+        return g * ratio, None
 
 
 def identity_rule(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Identity rule for y = f(x) of the same shape (AttnLRP eq. 9): R_x = R_y entry by entry, i.e. the
-    gradient y / x in place of f'(x)."""
-    return with_gradient_of(y, x * safe_div(y, x).detach())
+    gradient y / x in place of f'(x). One Function: the surrogate ``y.detach() + x * (y / x).detach() - ...``
+    took four more elementwise passes. Only ``x`` gets a gradient (``f`` is elementwise)."""
+    return _Identity.apply(x, y.detach())
 
 
 def _epsilon_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -111,12 +143,31 @@ def gamma_conv(
     return with_gradient_of(z, rule * safe_div(z, rule).detach())
 
 
+class _LayerNormLinear(torch.autograd.Function):
+    """LayerNorm's value (PyTorch's kernel), with the gradient of ``(x - mean) / σ ⊙ w + b`` at σ held
+    constant: ``(w ⊙ g - mean(w ⊙ g)) / σ``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+        sigma = (x.var(dim=-1, unbiased=False, keepdim=True) + eps).sqrt()
+        ctx.save_for_backward(weight, sigma)
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor | None, None]:
+        weight, sigma = ctx.saved_tensors
+        wg = g * weight
+        # the shift b is an additive constant: its gradient is the plain one, for its share of the relevance
+        bias = g.reshape(-1, g.shape[-1]).sum(0) if ctx.needs_input_grad[2] else None
+        return (wg - wg.mean(dim=-1, keepdim=True)) / sigma, None, bias, None
+
+
 def _layer_norm_linear(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     """AttnLRP's LayerNorm (prop. 3.4): ``(x - mean) / σ ⊙ w + b`` with σ held constant, so the layer is
-    linear in x (the ε-rule through the centring, the identity rule through the division by σ)."""
-    mean = x.mean(dim=-1, keepdim=True)
-    sigma = (x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
-    return with_gradient_of(norm(x), (x - mean) / sigma.detach() * norm.weight + norm.bias)
+    linear in x (the ε-rule through the centring, the identity rule through the division by σ). Its gradient is
+    written out (``_LayerNormLinear``): the norm runs once, not once for its value and again for a surrogate.
+    The shift b gets its plain gradient (its share of the relevance), the scale w none."""
+    return _LayerNormLinear.apply(x, norm.weight, norm.bias, norm.eps)
 
 
 def _layer_norm_identity(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
