@@ -559,7 +559,7 @@ def test_train_a_bad_zip_a_good_one_then_cancel_the_picker_keeps_the_right_model
     minutes.fill("1")
     minutes.press("Enter")
     page.get_by_role("button", name="Train", exact=True).click()
-    page.locator("#train-progress").get_by_text(re.compile("^Training: step")).wait_for()
+    page.locator("#train-progress").get_by_text(re.compile("^Training( — [^:]+)?: step")).wait_for()
     _shot(page, "train_during", "#train-progress")
     assert picker.is_enabled()
     page.get_by_role("button", name="Cancel", exact=True).click()

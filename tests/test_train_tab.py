@@ -288,7 +288,7 @@ def test_a_short_run_trains_calibrates_and_serves_a_model_of_the_zip_classes(ctx
     labels, overlay, _, _, explains, _ = classify.classify(ctx, str(tmp_path / "red.jpg"), value)
     assert set(labels) == {"blue", "red"} and overlay is not None
     assert max(labels, key=labels.get) == "red" and "red (the predicted class)" in explains  # it learned colours
-    assert any(str(u[0]).startswith("Training: step") or "Reading" in str(u[0]) for u in updates[1:-1])
+    assert any(str(u[0]).startswith("Training") or "Reading" in str(u[0]) for u in updates[1:-1])
 
 
 def test_the_job_holds_its_estimate_in_the_memory_gate(ctx, tmp_path):
@@ -309,7 +309,7 @@ def test_cancel_stops_the_run_and_keeps_the_model_as_it_was(ctx, tmp_path):
     updates = []
     for update in train.train(ctx, str(two_classes(tmp_path / "p.zip")), ctx.models.default, 1.0, False, request):
         updates.append(update)
-        if str(update[0]).startswith("Training: step"):
+        if str(update[0]).startswith("Training"):
             assert "Cancelling" in train.cancel(ctx, request)
     assert "Cancelled" in updates[-1][2] and "uncalibrated" in updates[-1][2]
     assert train.cancel(ctx, request).startswith("No training job")
@@ -336,6 +336,9 @@ def test_every_phase_has_its_words_in_the_progress_line():
     report = dict(step=7, total_steps=9, epoch=1, loss=0.5, val_accuracy=None, elapsed_s=3.0, eta_s=2.0)
     plan = "whole-model fine-tuning affords 9 epochs here"
     assert train._line(report | dict(phase="training")).startswith("Training: step 7 of ~9")
+    staged = train._line(report | dict(phase="training", stage="whole model", best_accuracy=80.0, eta_s=12.0))
+    assert staged.startswith("Training — whole model: step 7") and "(best so far 80.0%)" in staged
+    assert staged.endswith("about 12 s of the budget left")
     assert train._line(report | dict(phase="training"), stopping=True) == "Cancelling: finishing step 7…"
     assert train._line(report | dict(phase="features", strategy=plan)) == f"Plan: {plan}."
     for phase in ("loading", "features", "calibrating", "done", "cancelled"):
@@ -430,8 +433,22 @@ def _result(data: Path) -> dict:
         ece=0.042,
         threshold=812.5,
         temperature_note=None,
+        held_out=9,
+        held_out_turned_away=1,
+        stages=[
+            dict(name="linear probe", epochs=1, steps=1, images_seen=48, seconds=3.2, held_out_top1=66.7, kept=False),
+            dict(
+                name="last 1 of 2 blocks",
+                epochs=4,
+                steps=8,
+                images_seen=96,
+                seconds=40.0,
+                held_out_top1=77.8,
+                kept=True,
+            ),
+        ],
     )
-    reason = "whole-model fine-tuning would get 1.2 epochs, so a linear probe on cached features comes first"
+    reason = "a linear probe first, then the last block for 4 epochs, the best on the held-out photos kept"
     return dict(
         complete=True,
         classes=["ants", "bees"],
@@ -451,18 +468,18 @@ def test_the_result_page_reads_as_sentences_a_table_a_matrix_and_a_gallery(tmp_p
     result = _result(tmp_path / "data")
     text = result_page.summary(result, "Trained here at 10:00: ants, bees")
     assert "**Done**: held-out accuracy **77.8%** on 9 photos." in text  # the matrix's: 7 of 9, as the table
-    assert "**How it trained**: LP-FT" in text and result["strategy_reason"] in text
+    assert "**How it trained**: in stages, a new head first" in text and result["strategy_reason"] in text
+    assert "| **last 1 of 2 blocks (kept)** | 4 | 8 | 96 | 40 | 77.8% |" in text  # each stage, the kept one marked
+    assert "| linear probe | 1 | 1 | 48 | 3 | 66.7% |" in text
     assert "| ants | 5 | 4 | 80.0% |" in text and "| bees | 4 | 3 | 75.0% |" in text
-    assert "4.2 points" in text and "over 812 is answered" in text and "1 in 20" in text
+    assert "4.2 points" in text and "812" not in text  # the check in words, never its raw threshold
+    assert "than 95% of its held-out photos" in text and "of its own 9 held-out photos it turns away 1" in text
     others = dict(result["details"], kept=0.92, others=10, others_chose=5, others_measured=5, others_turned_away=0.8)
+    others |= dict(score="energy")
     text_others = result_page.summary(result | dict(details=others), None)
-    assert "92% of your held-out photos" in text_others and "1 in 13" in text_others
-    assert "5 of your 10 photos of other things (`_other`) chose how" in text_others
-    assert "of the 5 that measure it, it turns away 80%." in text_others
-    # the fit could keep every held-out photo (ties in a tiny held-out set): no "1 in ..." of a zero share
-    one = dict(others, kept=1.0, others=1, others_chose=1, others_measured=1, others_turned_away=1.0)
-    text_one = result_page.summary(result | dict(details=one), None)
-    assert "100% of your held-out photos" in text_one and "1 of your 1 photos" in text_one
+    assert "than 92% of its held-out photos" in text_others
+    assert "5 of 10 photos of other things (`_other`) chose how" in text_others
+    assert "it turns away 80% of the 5 that measure it" in text_others
     assert "Trained here at 10:00" in text and "click one below to open it in Classify" in text
     assert result_page.confusion_image(result).size[0] > 200
     shown = result_page.keep_misclassified(result, tmp_path / "data", tmp_path / "kept")
@@ -471,7 +488,7 @@ def test_the_result_page_reads_as_sentences_a_table_a_matrix_and_a_gallery(tmp_p
     other = result | dict(val_accuracy=66.7)  # the run's evaluation, by a tie the other way: the table's wins
     assert "**77.8%**" in result_page.summary(other, None)
     none = result | dict(details=result["details"] | dict(threshold=None))
-    assert "no detector was fitted" in result_page.summary(none, None)
+    assert "no check was fitted" in result_page.summary(none, None)
     cancelled = result | dict(complete=False, details={})
     text = result_page.summary(cancelled, None)
     assert text.startswith("**Cancelled** after 12 steps: the model in use is unchanged") and "picker" not in text

@@ -518,7 +518,8 @@ def test_the_app_says_none_of_my_classes_when_the_models_detector_does(tmp_path)
     words = model_info.verdict(a.probs, a.names, a.is_ood)
     assert words.startswith("Not one of my 10 classes — most like: ")
     decision = model_info.analysis_decision(a)
-    assert decision.kind == model_info.NONE_OF_MINE and f"(score {a.ood_score:,.0f}; I answer up to " in decision.reason
+    assert decision.kind == model_info.NONE_OF_MINE and f"{a.ood_score:,.0f}" not in decision.reason  # no raw score
+    assert "looks unlike the photos I was trained on: " in decision.reason  # said against its held-out photos
     cat = analyse(bundled, tf, "bundled-cat", str(ROOT / "examples" / "cat_chelsea.jpg"), CPU)
     assert cat.is_ood is False and model_info.verdict(cat.probs, cat.names, cat.is_ood).startswith("cat (")
     plain = _model(label_names=("a", "b", "c", "d", "e"))
@@ -709,3 +710,19 @@ def test_public_mode_serves_all_interfaces_and_the_picker_says_what_it_allows(mo
     label = picker.label(allow_any)
     assert ("type a run folder or a Hub repo id" in label) is allow_any
     assert allow_any or "it loads no other" in label
+
+
+def test_the_line_under_the_picker_says_what_the_models_card_says_of_its_temperature(tmp_path):
+    """A fine-tuning whose held-out photos could not set the temperature keeps T = 1 and its card says so; the
+    line under the picker said "calibrated (temperature 1.00, fitted on held-out training images)". Saved and
+    loaded as the app loads it, the model's line now says it is not calibrated and why."""
+    model = _model(label_names=("a", "b", "c", "d", "e"))
+    note = "T = 1 kept: the held-out images could not set the temperature (its fit on them ran to the edge)"
+    model.calibration = Calibration(temperature=1.0, tta="flip", fitted_on=f"{note}; the 9 images held out")
+    vit_core.save_pretrained(model, tmp_path / "run")
+    loaded = vit_core.from_pretrained(tmp_path / "run")
+    line = model_info.facts(loaded)
+    assert "could not set the temperature (T = 1 kept)" in line and "are calibrated" not in line, line
+    fitted = Calibration(temperature=0.8, tta="flip", fitted_on="the 9 images held out")
+    model.calibration = fitted
+    assert "calibrated (temperature 0.80, fitted on held-out" in model_info.facts(model)

@@ -141,6 +141,9 @@ def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: 
 # ------------------------------------------------------------------------------------ the stored record
 
 
+TEMPERATURE_NOT_SET = "T = 1 kept"  # how ``fitted_on`` starts when the held-out images could not set the temperature
+
+
 @dataclass(frozen=True)
 class Calibration:
     """What a checkpoint knows about its own probabilities: the temperature fitted for the ``tta`` views it
@@ -164,6 +167,13 @@ class Calibration:
             raise ValueError(f"calibration tta must be null or one of {', '.join(TTA_MODES)}, got {self.tta!r}")
         if not isinstance(self.fitted_on, str):
             raise ValueError(f"calibration fitted_on must be a string, got {self.fitted_on!r}")
+
+    @property
+    def temperature_fitted(self) -> bool:
+        """Whether the temperature was fitted: not when there is none, nor when T = 1 was kept because the
+        held-out images could not set it (``fitted_on`` starts with ``TEMPERATURE_NOT_SET``; a fine-tuning's
+        ``finish_run`` does that, its card says so, and so must whatever describes the model)."""
+        return self.temperature is not None and not self.fitted_on.startswith(TEMPERATURE_NOT_SET)
 
 
 def calibrated_views(model: nn.Module) -> str | None:

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..calibration import at_search_edge
+from ..calibration import TEMPERATURE_NOT_SET, at_search_edge
 from ..data import Batches, build_transform, other_photos, with_transform
 from ..io.calibration_file import write_calibration
 from ..io.model_card import prepare_upload
@@ -67,8 +67,8 @@ def finish_run(
         note = None
         if at_search_edge(calibration.temperature):
             note = (
-                f"T = 1 kept: the held-out images could not set the temperature (its fit on them ran to the edge "
-                f"of its range, T = {calibration.temperature:.3g})"
+                f"{TEMPERATURE_NOT_SET}: the held-out images could not set the temperature (its fit on them ran to the "
+                f"edge of its range, T = {calibration.temperature:.3g})"
             )
             calibration = dataclasses.replace(
                 calibration, temperature=1.0, fitted_on=f"{note}; {calibration.fitted_on}"

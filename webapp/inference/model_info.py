@@ -60,12 +60,20 @@ def facts(model: VisionTransformer) -> str:
         if cal is not None and cal.ood is not None
         else "picks one of its classes whatever the image shows"
     )
-    confidence = (
-        f"Its confidences are calibrated (temperature {cal.temperature:.2f}, fitted on held-out training images)."
-        if cal is not None and cal.temperature is not None
-        else "Its confidences are not calibrated (no fitted temperature stored): one may not match how often it "
-        "is right."
-    )
+    if cal is not None and cal.temperature_fitted:
+        confidence = (
+            f"Its confidences are calibrated (temperature {cal.temperature:.2f}, fitted on held-out training images)."
+        )
+    elif cal is not None and cal.temperature is not None:  # T = 1 kept, as its card says
+        confidence = (
+            "Its confidences are not calibrated: its held-out photos could not set the temperature (T = 1 kept), "
+            "so one may not match how often it is right."
+        )
+    else:
+        confidence = (
+            "Its confidences are not calibrated (no fitted temperature stored): one may not match how often it "
+            "is right."
+        )
     return (
         f"This model knows **{len(names)} classes**: {listed}. It sees a **{h}×{w}-pixel {colour}** version of "
         f"the coloured region of your image and {scope}; a top class under {UNSURE_BELOW:.0%} is shown as "

@@ -17,12 +17,13 @@ from typing import Any
 from PIL import Image
 
 from vit_core.figures import confusion_figure
+from vit_core.finetune.held_out import none_sentence
 
 MAX_SHOWN = 48  # misclassified photos in the gallery (the model card lists up to 50, the result's details all)
-STRATEGIES = {  # a strategy's name (vit_core.finetune.lpft.Strategy) in words
-    "full": "the whole model was fine-tuned",
-    "lp-ft": "LP-FT: a new head was fitted on the frozen model's features first, then its last blocks fine-tuned",
-    "probe": "only a new head was trained, on the frozen model's features (a linear probe)",
+STRATEGIES = {  # the kind of the stage kept (``FinetuneResult.strategy``, vit_core.finetune.stages) in words
+    "full": "in stages, the whole model fine-tuned last and kept",
+    "lp-ft": "in stages, a new head first, then the last blocks fine-tuned and kept",
+    "probe": "a new head on the frozen model's features (a linear probe), kept as the best stage",
 }
 
 
@@ -61,25 +62,25 @@ def ece_sentence(details: dict[str, Any]) -> str:
 
 
 def threshold_sentence(details: dict[str, Any]) -> str:
-    """The "none of my classes" threshold in plain words: what is turned away, and what that costs."""
-    threshold = details.get("threshold")
-    if threshold is None:
-        return "**“None of my classes”**: no detector was fitted, so every photo gets one of its classes."
-    shown = f"{threshold:,.0f}" if abs(threshold) >= 100 else f"{threshold:.3g}"  # as Classify shows scores
-    kept = details.get("kept", 0.95)
-    cost = f"about 1 in {round(1 / (1 - kept))} photos like yours is" if kept < 1 else "photos like yours are rarely"
-    text = (
-        f"**“None of my classes”**: a photo whose unlikeness score is over {shown} is answered “none of "
-        f"my classes”; {kept:.0%} of your held-out photos score under it, so {cost} turned away too."
-    )
-    if details.get("others"):
-        text += (
-            f" {details['others_chose']} of your {details['others']} photos of other things (`_other`) chose how "
-            f"photos are scored and set it; of the {details['others_measured']} that measure it, it turns away "
-            f"{details['others_turned_away']:.0%}. It is tuned to photos like those: photos unlike them may pass more "
-            "often, so make them varied."
+    """The "none of my classes" check in plain words, with no raw score (``vit_core.finetune.held_out``'s sentence,
+    the card's): what it turns away of the model's own held-out photos, and of its photos of other things."""
+    return none_sentence(details)
+
+
+def stages_table(details: dict[str, Any]) -> str:
+    """What ran, stage by stage (the card's table): epochs, steps, images seen, seconds, held-out accuracy, and
+    the stage kept."""
+    stages = details.get("stages") or []
+    if not stages:
+        return ""
+    rows = ["| stage | epochs | steps | images seen | seconds | held-out accuracy |", "|---|---:|---:|---:|---:|---:|"]
+    for st in stages:
+        top1 = "-" if st["held_out_top1"] is None else f"{st['held_out_top1']:.1f}%"
+        name = f"**{st['name']} (kept)**" if st["kept"] else st["name"]
+        rows.append(
+            f"| {name} | {st['epochs']} | {st['steps']} | {st['images_seen']:,} | {st['seconds']:.0f} | {top1} |"
         )
-    return text
+    return "\n".join(rows)
 
 
 def confusion_image(result: dict[str, Any]) -> Image.Image | None:
@@ -134,7 +135,12 @@ def summary(result: dict[str, Any], label: str | None) -> str:
         acc = f"**Done**: held-out accuracy **{_accuracy(result):.1f}%** on {result['val_images']} photos."
         blocks = [acc, strategy_sentence(result)]
         if details:
-            blocks += [accuracy_table(details), ece_sentence(details), threshold_sentence(details)]
+            blocks += [
+                stages_table(details),
+                accuracy_table(details),
+                ece_sentence(details),
+                threshold_sentence(details),
+            ]
     facts = [f"- classes: {', '.join(result['classes'])}; {result['train_images']} photos, {result['steps']} steps"]
     if result.get("temperature") is not None:
         facts.append(f"- calibration: temperature {result['temperature']:.3f}")

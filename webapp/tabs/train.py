@@ -98,8 +98,10 @@ def _line(p: dict, stopping: bool = False) -> str:
     total = f" of ~{p['total_steps']}" if p.get("total_steps") else ""
     loss = f", loss {p['loss']:.3f}" if p.get("loss") is not None else ""
     val = f", held-out accuracy {p['val_accuracy']:.1f}%" if p.get("val_accuracy") is not None else ""
-    eta = f", about {p['eta_s']:.0f} s left" if p.get("eta_s") else ""
-    return f"Training: step {p['step']}{total} (epoch {p['epoch']}){loss}{val}{eta}"
+    best = f" (best so far {p['best_accuracy']:.1f}%)" if p.get("best_accuracy") is not None else ""
+    eta = f", about {p['eta_s']:.0f} s of the budget left" if p.get("eta_s") else ""
+    stage = f" — {p['stage']}" if p.get("stage") else ""
+    return f"Training{stage}: step {p['step']}{total} (epoch {p['epoch']}){loss}{val}{best}{eta}"
 
 
 def _problem(message: str) -> tuple:
