@@ -685,6 +685,14 @@ def test_inspect_says_the_measured_accuracy_and_the_training_in_words(tmp_path):
         "2 epochs; last epoch: 33.00% on the test split (the weight average, as exported)."
     )
 
+    # a fine-tuned run: held-out accuracy measured (eval_held-out_flip.json) and checked each epoch: said once, and
+    # no top-5 for two classes (it said the same sentence twice, the second with "100.00% top-5")
+    eval_held = {"top1": 78.4, "top5": 100.0, "count": 153, "data": "ants_and_bees", "split": "held-out", "tta": "flip"}
+    (run / "eval_held-out_flip.json").write_text(json.dumps(eval_held))
+    (run / "metrics.jsonl").write_text('{"epoch": 3, "train_loss": 0.4, "test_top1": 78.4}\n')
+    two = model_info.summary(_model(num_classes=2, label_names=("ants", "bees")), run)
+    assert two.count("78.4") == 1 and "top-5" not in two, two
+
 
 @pytest.mark.parametrize(
     ("argv", "env", "host", "allow_any"),

@@ -211,8 +211,10 @@ def summary(model: VisionTransformer, folder: Path | None) -> str:
         ("Classes", f"{cfg.num_classes}: {', '.join(names)[:300]}"),
     ]
     if folder is not None:
-        rows.append(("Accuracy (measured)", measured_accuracy(folder, calibrated_views(model))))
-        if (training := training_summary(folder)) is not None:
+        measured = measured_accuracy(folder, calibrated_views(model), len(names))
+        rows.append(("Accuracy (measured)", measured))
+        # the test accuracy of the last epoch only where no evaluation measured it: each accuracy said once
+        if (training := training_summary(folder, with_test=measured.startswith(NOT_MEASURED))) is not None:
             rows.append(("Training", training))
     text = "| Property | Value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
     card = folder / "README.md" if folder else None
@@ -230,17 +232,22 @@ def _json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def measured_accuracy(folder: Path, views: str | None) -> str:
-    """The accuracy ``python -m train eval`` measured on a whole split (its ``eval_*.json``): top-1 (top-5), on
-    how many images of which split, then with each test-time augmentation measured; the one of ``views``, the
-    views the model is calibrated for (``vit_core.calibration.calibrated_views``), is what this app computes."""
+NOT_MEASURED = "not measured on a whole test split"
+TOP5_FROM = 6  # classes: with fewer, a top-5 says nothing (with 2, it is always 100%)
+
+
+def measured_accuracy(folder: Path, views: str | None, classes: int = TOP5_FROM) -> str:
+    """The accuracy ``python -m train eval`` measured on a whole split (its ``eval_*.json``): top-1 (top-5 for
+    ``TOP5_FROM`` classes or more), on how many images of which split, then with each test-time augmentation
+    measured; the one of ``views``, the views the model is calibrated for
+    (``vit_core.calibration.calibrated_views``), is what this app computes."""
     results = [r for p in sorted(folder.glob("eval_*.json")) if (r := _json(p)) and isinstance(r.get("top1"), float)]
     if not results:
-        return "not measured on a whole test split (no `eval_*.json`: `python -m train eval` writes one)"
+        return f"{NOT_MEASURED} (no `eval_*.json`: `python -m train eval` writes one)"
     parts = []
     for r in sorted(results, key=lambda r: (r.get("data") or "", r.get("split") or "", r.get("tta") or "")):
         tta, count = r.get("tta"), r.get("count")
-        top5 = f" ({r['top5']:.2f}% top-5)" if isinstance(r.get("top5"), float) else ""
+        top5 = f" ({r['top5']:.2f}% top-5)" if isinstance(r.get("top5"), float) and classes >= TOP5_FROM else ""
         images = f"the {count:,} images of " if isinstance(count, int) else ""
         on = f" on {images}the {r.get('data')} {r.get('split')} split" if tta is None or len(results) == 1 else ""
         how = "" if tta is None else " with flip averaging" if tta == "flip" else f" with {tta} views"
@@ -249,10 +256,11 @@ def measured_accuracy(folder: Path, views: str | None) -> str:
     return "; ".join(parts)
 
 
-def training_summary(folder: Path) -> str | None:
+def training_summary(folder: Path, with_test: bool = True) -> str | None:
     """The run in a sentence, from ``metrics.jsonl`` (its last epoch) and ``recipe.json``: epochs and time, the
-    last epoch's training loss and accuracy, and the accuracy checked each epoch (on a subset of the test split
-    when the recipe says so: not the whole-split number of ``measured_accuracy``). None without metrics."""
+    last epoch's training loss and accuracy, and (``with_test``) the accuracy checked each epoch (on a subset of
+    the test split when the recipe says so: not the whole-split number of ``measured_accuracy``). None without
+    metrics."""
     lines = (folder / METRICS_NAME).read_text().strip().splitlines() if (folder / METRICS_NAME).is_file() else []
     try:
         last = json.loads(lines[-1]) if lines else None
@@ -272,7 +280,7 @@ def training_summary(folder: Path) -> str | None:
     if number("train_top1") is not None:
         last_epoch.append(f"training accuracy {number('train_top1'):.1f}% (augmented images)")
     key = "ema_test_top1" if number("ema_test_top1") is not None else "test_top1"
-    if number(key) is not None:
+    if with_test and number(key) is not None:
         subset = recipe.get("eval_subset")
         on = f"the {subset:,} test images checked each epoch" if isinstance(subset, int) else "the test split"
         weights = " (the weight average, as exported)" if key.startswith("ema") else ""
