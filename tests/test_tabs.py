@@ -14,6 +14,7 @@ import io
 import re
 import sys
 import types
+from contextlib import nullcontext
 from pathlib import Path
 
 import gradio as gr
@@ -21,11 +22,12 @@ import pytest
 import torch
 from gradio.data_classes import FileData
 from gradio_client import Client, handle_file
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 import app
+import vit_core
 from vit_core import methods
-from vit_core.calibration import predict, unlikeness
+from vit_core.calibration import calibrated_views, predict, unlikeness
 from vit_core.data import load_image
 from webapp.inference import model_info
 from webapp.inference.analysis import Upload
@@ -40,6 +42,8 @@ from webapp.ui.inputs import ImageUpload
 
 from .net import free_port
 from .test_docs import code_blocks
+
+EXAMPLE_DOG = ROOT / "examples" / "dog_cocker_spaniels.jpg"
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +135,7 @@ def test_a_large_photo_gets_the_same_numbers_from_classify_batch_the_api_and_pre
     names = model.class_names
 
     labels, _, _, _, _, ood = classify.classify(ctx, str(large_photo), choice, top_k=10)  # the API's handler
-    page = classify.show(ctx, Request({"image": Upload(str(large_photo)), "model_choice": choice, "top_k": 10}))
+    *_, page = classify.show(ctx, Request({"image": Upload(str(large_photo)), "model_choice": choice, "top_k": 10}))
     _, csv_path, _ = batch.batch(ctx, [str(large_photo)], choice, top_k=10)
     (row,) = list(csv.DictReader(io.StringIO(Path(csv_path).read_text())))
     for shown in (labels, page[0]["value"]):
@@ -155,7 +159,7 @@ def test_classify_batch_and_the_api_decide_by_one_rule(ctx, photo):
     unlike = unlikeness(model.calibration.ood, float(p.ood_score[0]))
     expected = model_info.decide(p.probs[0], model.class_names, bool(p.is_ood[0]), unlike)
     _, _, _, verdict, _, ood = classify.classify(ctx, path, choice)
-    page = classify.show(ctx, Request({"image": Upload(path), "model_choice": choice}))
+    *_, page = classify.show(ctx, Request({"image": Upload(path), "model_choice": choice}))
     _, csv_path, _ = batch.batch(ctx, [path], choice)
     (row,) = list(csv.DictReader(io.StringIO(Path(csv_path).read_text())))
     assert (ood["decision"], ood["reason"]) == (expected.kind, expected.reason)
@@ -205,7 +209,7 @@ def test_one_classify_request_reads_its_upload_once_and_runs_at_most_12_app_modu
     try:
         image = component.preprocess(FileData(path=str(photo), orig_name="new_cat.png"))
         settings = dict(method=None, target=PREDICTED, layer=1, head="mean", head_fusion="mean", discard_ratio=0.0)
-        labels, overlay, note, *_ = page_request(
+        *_, (labels, overlay, note, *_) = page_request(
             image, ctx.models.default, **settings, opacity=0.5, top_k=5, ticket=1, request=request
         )
         sent = output.postprocess(overlay)  # the overlay's way into the answer
@@ -285,7 +289,7 @@ def test_a_repeated_change_of_image_clears_nothing_and_computes_nothing_without_
     names = list(inspect.signature(new.fn).parameters)
     values = dict.fromkeys(names) | {"image": Upload(image.path), "model_choice": ctx.models.default}
     values |= {"changed": False, "ticket": 12, "request": request}
-    out = new.fn(**{k: v for k, v in values.items() if k in names})
+    (out,) = new.fn(**{k: v for k, v in values.items() if k in names})
     assert computed == [] and all(v.get("__type__") == "update" for v in out)  # skipped: left as they are
 
 
@@ -357,3 +361,58 @@ def test_the_tab_docs_extending_md_adds_is_built_wired_and_served(ctx, monkeypat
         assert answer == "451x300, 10 classes"
     finally:
         demo.close()
+
+
+def test_a_new_photo_gets_its_first_answer_from_one_pass_then_the_full_answer(ctx, tmp_path):
+    """The page's Classify request on a photo the server has not seen answers twice: first the image alone's
+    classes and the attention rollout of that one pass (said to be a first answer, of 1 of N views), then the full
+    answer, which is the API's: the same probabilities as ``/classify`` on the same pixels, and the map asked for."""
+    first_copy, api_copy = tmp_path / "a.png", tmp_path / "b.png"
+    image = Image.open(EXAMPLE_DOG)
+    image.save(first_copy)
+    image.save(api_copy, pnginfo=_note("another file, the same pixels"))  # not in the analysis cache
+    (page_request,) = [fn.fn for fn in app.build_ui(ctx).fns.values() if fn.api_name == "classify_page"]
+    settings = dict(method=methods.RAW.title, target=PREDICTED, layer=-1, head="mean", head_fusion="mean")
+    request = types.SimpleNamespace(session_hash="two answers")
+    parts = list(page_request(Upload(str(first_copy)), ctx.models.default, **settings, discard_ratio=0.0,
+                              opacity=0.5, top_k=3, ticket=1, request=request))  # fmt: skip
+    assert len(parts) == 2, parts
+    first, full = parts
+    model = ctx.models.get(ctx.models.default)[0]
+    views = len(vit_core.calibration.tta_views(torch.zeros(1, 3, 8, 8), calibrated_views(model)))
+    assert f"a first answer, from the image alone (1 of {views} views)" in first[3]["value"]
+    assert first[2].startswith("First answer in") and first[1] is not None
+    assert full[2].startswith("Computed in") and "first answer" not in full[3]["value"]
+    api_labels, *_ = classify.classify(ctx, str(api_copy), ctx.models.default, top_k=3, method=methods.RAW.title)
+    page_labels = full[0]["value"]
+    assert set(page_labels) == set(api_labels)
+    for name, p in api_labels.items():
+        assert abs(page_labels[name] - p) < 1e-5, (page_labels, api_labels)
+
+
+def _note(text: str) -> PngImagePlugin.PngInfo:
+    info = PngImagePlugin.PngInfo()
+    info.add_text("note", text)
+    return info
+
+
+def test_a_newer_request_stops_a_two_part_answer_after_its_first_part():
+    """A setting changed while the full answer computes: the older request's next part is not shown, and its
+    computation is not continued (the newest settings win)."""
+    tickets = events.Tickets()
+    ran = []
+
+    def parts():
+        ran.append("first")
+        yield ("first",)
+        ran.append("full")
+        yield ("full",)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(events, "TICKETS", tickets)
+        place = events.Ticket("page", "g", 1, "cat")
+        shown = events.while_newest(place, 1, parts, lambda m: (m,), nullcontext())
+        assert next(shown) == ("first",)
+        assert tickets.start("page", "g", 2, "cat")  # the newer request starts
+        rest = list(shown)
+    assert rest == [(gr.skip(),)] and ran == ["first"]  # the full part was not computed

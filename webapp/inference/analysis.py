@@ -19,7 +19,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -33,6 +33,7 @@ from vit_core import VisionTransformer, explain
 from vit_core.calibration import predict
 from vit_core.data import ImageDataError, ImageHeader, ImageTransform, TooManyPixelsError, load_image, read_header
 from vit_core.data.images import ImageSource
+from vit_core.explain import answer as answers
 
 from . import render
 from .render import Box
@@ -98,6 +99,13 @@ class AnalysisCache:
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._items: OrderedDict[tuple[str, str], Analysis] = OrderedDict()
         self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str]) -> Analysis | None:
+        """The analysis of ``key`` if it is cached (then the most recently used), else None."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+            return self._items.get(key)
 
     def get_or_compute(self, key: tuple[str, str], compute: Callable[[], Analysis]) -> Analysis:
         with self._lock:
@@ -256,6 +264,75 @@ def analyse(
         )
 
     return ANALYSES.get_or_compute((model_key, step("read", lambda: upload.digest)), compute)
+
+
+# ------------------------------------------------------------------------------------ the first answer
+
+
+@dataclass(frozen=True)
+class FirstLook:
+    """An upload's first answer: one forward pass of the image alone (``vit_core.explain.answer.first_answer``),
+    its classes and the attention rollout of that pass, to show while the full answer is computed."""
+
+    probs: torch.Tensor  # (num_classes,) float32, CPU: the image alone, one of ``views`` views
+    rollout: torch.Tensor  # (grid_h, grid_w) in [0, 1]
+    views: int  # the views the full answer averages
+    shown: Image.Image
+    box: Box
+    seconds: float  # from the request's start to this answer
+
+
+def analyse_first(
+    model: VisionTransformer,
+    transform: ImageTransform,
+    model_key: str,
+    image: Upload | str,
+    device: torch.device,
+    settings: Settings | None = None,
+) -> Iterator[FirstLook | Analysis]:
+    """``analyse`` in two answers for an upload not analysed yet: its ``FirstLook`` from one forward pass, then
+    the ``Analysis`` (cached as ``analyse`` caches it; its probabilities and decision are ``predict``'s), the full
+    answer's views reusing that pass (``explain.answer.full_answer``). With ``settings`` asking for AttnLRP, on a
+    model whose AttnLRP pass is a plain one (``shares_forward``), that pass is AttnLRP's and its map is kept in the
+    analysis (``a.maps``: ``relevance`` finds it). A cached upload yields its analysis alone."""
+    t0 = time.perf_counter()
+    upload = upload_of(image)
+    key = (model_key, upload.digest)
+    if (cached := ANALYSES.get(key)) is not None:
+        yield cached
+        return
+    size = upload.header.size
+    img = decode(upload.file(), transform)
+    if (img.width < img.height) != (size[0] < size[1]):  # a PNG whose EXIF rotation came after its pixels
+        size = size[::-1]
+    x, shown = transform(img).unsqueeze(0), render.display_copy(img, MAX_SIDE)
+    crop = tuple(transform.crop_box(*size))
+    lrp = settings is not None and settings.method.key == "attnlrp" and answers.shares_forward(model)
+    with autocast(device):
+        first = answers.first_answer(model, x.to(device), relevance=lrp)
+    scale = shown.width / size[0]
+    box = tuple(round(v * scale) for v in crop)
+    seconds = time.perf_counter() - t0
+    yield FirstLook(first.probs[0].float().cpu(), first.rollout[0].float().cpu(), first.views, shown, box, seconds)
+    target = None if settings is None else settings.target
+    with autocast(device):
+        full = answers.full_answer(model, x.to(device), first, target=target, relevance=lrp)
+    p = full.prediction
+    a = Analysis(
+        model=model,
+        shown=shown,
+        size=size,
+        crop=crop,
+        x=x,
+        probs=p.probs[0].float().cpu(),
+        attentions=[att.float().cpu() for att in p.attentions],
+        ood_score=None if p.ood_score is None else float(p.ood_score[0]),
+        is_ood=None if p.is_ood is None else bool(p.is_ood[0]),
+    )
+    if full.relevance is not None and settings is not None:
+        a.maps[map_key(a, settings)] = full.relevance[0].float().cpu()
+        a.seconds[map_key(a, settings)] = time.perf_counter() - t0
+    yield ANALYSES.get_or_compute(key, lambda: a)
 
 
 # -------------------------------------------------------------------------------------------- maps

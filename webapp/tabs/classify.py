@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,17 @@ from PIL import Image
 from vit_core import VisionTransformer
 
 from ..inference import estimates, model_info, render
-from ..inference.analysis import Analysis, Step, Upload, declared, explained_class, map_key, relevance, untimed
+from ..inference.analysis import (
+    Analysis,
+    FirstLook,
+    Step,
+    Upload,
+    declared,
+    explained_class,
+    map_key,
+    relevance,
+    untimed,
+)
 from ..inference.settings import MapSettings, Settings, head_name, layer_name
 from ..registry.catalog import EXAMPLES
 from ..ui.controls import Controls, figure
@@ -80,14 +91,16 @@ NEW, MAP_ONLY, CACHED = "new", "map only", "cached"  # what a compute time cover
 
 
 def answer(
-    ctx: Context, request: Request, step: Step = untimed
+    ctx: Context, request: Request, step: Step = untimed, *, analysed: tuple[Analysis, float] | None = None
 ) -> tuple[dict[str, float], Image.Image, float, str, str, dict, str]:
     """``classify``'s answer to ``request`` (its image, model and settings), and what the compute time
     covered: ``NEW`` (the image decoded and run through the model, then the map), ``MAP_ONLY`` (the image's
     forward pass was cached, the map was drawn) or ``CACHED`` (the forward pass and the map were both computed
-    by an earlier request). Its steps (``analysis.analyse``'s, the map, the overlay) run through ``step``."""
-    t0 = time.perf_counter()
-    a = ctx.analysis(request["image"], request["model_choice"], step)
+    by an earlier request). Its steps (``analysis.analyse``'s, the map, the overlay) run through ``step``.
+    ``analysed``: the analysis already made for this request (``show``'s two answers) and when the request
+    started."""
+    t0 = time.perf_counter() if analysed is None else analysed[1]
+    a = ctx.analysis(request["image"], request["model_choice"], step) if analysed is None else analysed[0]
     settings = request.settings
     s, k = settings.checked(a.model, ctx.default_method), settings.top(a.model)
     map_cached = s.method.from_attentions is None and map_key(a, s) in a.maps
@@ -146,13 +159,47 @@ def chart(labels: dict[str, float], decision: str) -> dict:
 BLANK = (None, None, "", "", "")  # labels, overlay, compute time, verdict (shown large), class explained
 
 
-def show(ctx: Context, request: Request) -> tuple:
-    """The tab's results for what is on screen (``answer``), the compute time in words. Nothing before an
-    image is there."""
+def show(ctx: Context, request: Request) -> Iterator[tuple]:
+    """The tab's results for what is on screen, in two parts for an image not analysed yet: the first answer
+    (``first_look``: one forward pass of the image alone, its classes and the attention rollout of that pass),
+    then the full answer (``answer``: the calibrated views, the "none of my classes" check and the map asked for),
+    which says so where its class is not the first answer's. A cached image gets the full answer at once.
+    Nothing before an image is there."""
     if request["image"] is None:
-        return BLANK
-    labels, overlay, ms, verdict, explained, ood, covered = answer(ctx, request)
-    return chart(labels, ood["decision"]), overlay, compute_note(ms, covered), headline(verdict), explained
+        yield BLANK
+        return
+    t0, first = time.perf_counter(), None
+    for part in ctx.analysis_steps(request["image"], request["model_choice"], request.settings):
+        if isinstance(part, FirstLook):
+            first = part
+            yield first_look(ctx, request, part)
+        else:
+            a = part
+    labels, overlay, ms, verdict, explained, ood, covered = answer(ctx, request, analysed=(a, t0))
+    if first is not None and int(first.probs.argmax()) != int(a.probs.argmax()):
+        said = a.names[int(first.probs.argmax())]
+        now = a.names[int(a.probs.argmax())]
+        verdict += f"\n\nWith all {first.views} views: {now}; the image alone said {said}."
+    yield chart(labels, ood["decision"]), overlay, compute_note(ms, covered), headline(verdict), explained
+
+
+def first_look(ctx: Context, request: Request, first: FirstLook) -> tuple:
+    """The first answer as the tab shows it: the image alone's classes (its views not averaged yet, no "none of
+    my classes" check yet, said in quiet type), its attention rollout over the image, and what follows."""
+    model, _ = ctx.models.get(request["model_choice"])
+    k = request.settings.top(model)
+    top = first.probs.topk(k)
+    names = model.class_names
+    labels = {names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
+    caption = "attention rollout (first answer)"
+    overlay = render.unique(render.map_on_image(first.shown, first.box, first.rollout, 0.5, caption), caption)
+    best = int(first.probs.argmax())
+    note = f"First answer in {model_info.format_ms(1000 * first.seconds)}; the full answer follows…"
+    verdict = f"{names[best]} ({float(first.probs[best]):.0%}): a first answer, from the image alone"
+    verdict += f" (1 of {first.views} views)"
+    explained = "Map: attention rollout of that one pass; the map you chose replaces it with the full answer"
+    chart_update = gr.update(value=labels, label=TOP_K, elem_classes=[])
+    return chart_update, overlay, note, headline(verdict, large=False), explained
 
 
 def failed(message: str) -> tuple:
@@ -240,7 +287,15 @@ def build(ctx: Context, page: Page) -> Tab:
     gr.on([c.image.change, button.click], None, [c.image], None, js=SCROLL_TO_RESULTS_JS)
     inputs = {"image": c.image, "model_choice": picker.active, **c.named()}
     shown = Answer(
-        show, estimate, inputs, results, failed, GROUP, progress=True, options={"show_progress_on": [overlay]}
+        show,
+        estimate,
+        inputs,
+        results,
+        failed,
+        GROUP,
+        progress=True,
+        stream=True,
+        options={"show_progress_on": [overlay]},
     )
     changes = [c.image.change, picker.active.change]
     settings = [c.method.input, c.target.input, c.layer.release, c.head.input, c.head_fusion.input]

@@ -33,7 +33,7 @@ from vit_core import methods
 from vit_core.data import ImageDataError
 
 from ..errors import MAX_CHARS, log, public
-from ..inference.analysis import Analysis, Step, Upload, analyse, untimed
+from ..inference.analysis import Analysis, FirstLook, Step, Upload, analyse, analyse_first, untimed
 from ..inference.settings import MapSettings
 from ..jobs.trainer import Trainer
 from ..registry.catalog import BUNDLED_LABEL
@@ -83,6 +83,18 @@ class Context:
             raise gr.Error("Upload, paste or capture an image first (Classify tab).")
         model, transform = self.models.get(model_choice)
         return analyse(model, transform, self.models.key_of(model_choice), image, self.device, step)
+
+    def analysis_steps(
+        self, image: Upload | str | None, model_choice: str, settings: MapSettings
+    ) -> Iterator[FirstLook | Analysis]:
+        """``analysis`` in two answers for an image not analysed yet (``analysis.analyse_first``): the first
+        answer of one forward pass, then the analysis; ``settings``, checked against the model, say which map
+        that pass may serve (AttnLRP's)."""
+        if image is None:
+            raise gr.Error("Upload, paste or capture an image first (Classify tab).")
+        model, transform = self.models.get(model_choice)
+        s = settings.checked(model, self.default_method)
+        return analyse_first(model, transform, self.models.key_of(model_choice), image, self.device, s)
 
     def handler(self, fn: Callable, estimate: Estimate | None) -> Callable:
         """``fn(ctx, ...)`` as an event handler: bound to this context, so that Gradio reads the rest of its
@@ -192,6 +204,7 @@ class Answer:
     subject: tuple[str, str] = ("image", "model_choice")
     ready: Callable[[Request], bool] | None = None
     progress: bool = False  # reports progress (``Request.report``)
+    stream: bool = False  # ``compute`` yields its outputs in parts (a first answer, then the full one)
     select: bool = False  # gets the click (``Request.event``)
     options: Mapping[str, Any] = field(default_factory=dict)  # the event's display options (``show_progress``)
 

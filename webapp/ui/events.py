@@ -36,14 +36,16 @@ from __future__ import annotations
 import inspect
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import gradio as gr
 
+from vit_core.data import ImageDataError
+
 from ..server.admission import COMPUTE
-from .endpoints import Answer, Api, Context, Request, Tab, no_progress, user_errors
+from .endpoints import Answer, Api, Context, Request, Tab, no_progress, user_error, user_errors
 
 # The page's request counter, written into the last input (the ticket's hidden number) of every ticketed event.
 TICKET_JS = """(...args) => {
@@ -164,6 +166,37 @@ def if_newest(
     except gr.Error as e:
         out = tuple(failed(str(e.message)))
     return out if TICKETS.current(page, group, number, subject) else (gr.skip(),) * n
+
+
+def while_newest(
+    ticket: Ticket,
+    n: int,
+    compute: Callable[[], Iterator[Sequence]],
+    failed: Callable[[str], Sequence],
+    held: AbstractContextManager,
+) -> Iterator[tuple]:
+    """``if_newest`` for an answer in several parts (a first answer, then the full one): each part shown while
+    the request is still the page's newest; once it is not, skips, and nothing more is computed (the newer
+    request's answer wins). A bad request, at any part, is ``failed(message)`` in place of the outputs."""
+    page, group, number, subject = ticket.page, ticket.group, ticket.number, ticket.subject
+    if not TICKETS.start(page, group, number, subject):
+        yield (gr.skip(),) * n
+        return
+    try:
+        with held:
+            parts = compute()
+            for part in iter(lambda: next(parts, None), None):  # asked for only while this request is the newest
+                if not TICKETS.current(page, group, number, subject):
+                    yield (gr.skip(),) * n
+                    return
+                yield tuple(part)
+                if not TICKETS.current(page, group, number, subject):
+                    parts.close()
+                    yield (gr.skip(),) * n
+                    return
+    except (ValueError, ImageDataError) as e:  # gr.Error too: it is a ValueError
+        out = tuple(failed(str(user_error(e).message)))
+        yield out if TICKETS.current(page, group, number, subject) else (gr.skip(),) * n
 
 
 def listen(triggers: Sequence, fn: Callable, inputs: Sequence, outputs: Sequence, **kwargs) -> gr.events.Dependency:
@@ -289,21 +322,35 @@ def page_handler(ctx: Context, answer: Answer, chained: bool = False) -> Callabl
     signature = inspect.Signature(params)
     n = len(answer.outputs)
 
-    def handle(*args: object, **kwargs: object) -> tuple:
+    def prepared(args: tuple, kwargs: dict) -> tuple[Request, Ticket | None, AbstractContextManager]:
+        """The request by name, its place among the page's (None: nothing to answer) and its hold on the gate."""
         values = signature.bind(*args, **kwargs).arguments
         ticket, page, event = values.pop("ticket"), values.pop("request"), values.pop("event", None)
         changed = values.pop("changed", True)
         request = Request(values, values.pop("progress", no_progress), event)
         if not changed or (answer.ready is not None and not answer.ready(request)):
-            out = (gr.skip(),) * n  # no ticket taken: the answers in flight still count
+            return request, None, nullcontext()  # no ticket taken: the answers in flight still count
+        subject = subject_of(*(values[name] for name in answer.subject))
+        place = Ticket(getattr(page, "session_hash", None), answer.group, ticket, subject)
+        return request, place, ctx.held(answer.estimate, **values)
+
+    def handle(*args: object, **kwargs: object) -> tuple:
+        request, place, held = prepared(args, kwargs)
+        if place is None:
+            out = (gr.skip(),) * n
         else:
-            subject = subject_of(*(values[name] for name in answer.subject))
-            held = ctx.held(answer.estimate, **values)
             compute = user_errors(lambda: _outputs(answer.compute(ctx, request), n))
-            place = Ticket(getattr(page, "session_hash", None), answer.group, ticket, subject)
             out = if_newest(place, n, compute, answer.failed, held)
         return out[0] if n == 1 else out  # Gradio takes one output's value bare
 
+    def stream(*args: object, **kwargs: object) -> Iterator[tuple]:
+        request, place, held = prepared(args, kwargs)
+        if place is None:
+            yield (gr.skip(),) * n
+            return
+        yield from while_newest(place, n, lambda: answer.compute(ctx, request), answer.failed, held)
+
+    handle = stream if answer.stream else handle
     handle.__signature__ = signature  # type: ignore[attr-defined]
     handle.__annotations__ = {"request": gr.Request, "event": gr.SelectData}
     return ctx.gpu(handle)
