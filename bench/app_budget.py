@@ -92,7 +92,8 @@ def measure_steps(ctx: Context, files: list[str]) -> dict[str, float]:
     for f in files:
         request_ms.clear()
         request = Request({"image": analysis.Upload(f), "model_choice": choice})
-        _, overlay, *_, covered = step("answer", lambda r=request: classify.answer(ctx, r, step))
+        done = step("answer", lambda r=request: classify.answer(ctx, r, step))
+        overlay, covered = done.overlay, done.covered
         assert covered == classify.NEW, f"{f}: analysed before"
         step("encode", lambda o=overlay: output.postprocess(o))
         x = ctx.analysis(request["image"], choice).x  # cached by ``answer``

@@ -144,7 +144,7 @@ def test_the_compute_time_says_what_it_covered(ctx, photo):
     choice = ctx.models.default
 
     def covered(method: methods.Method) -> str:
-        return classify.answer(ctx, Request({"image": photo, "model_choice": choice, "method": method.title}))[-1]
+        return classify.answer(ctx, Request({"image": photo, "model_choice": choice, "method": method.title})).covered
 
     assert covered(methods.ATTNLRP) == classify.NEW
     assert covered(methods.CHEFER) == classify.MAP_ONLY

@@ -246,14 +246,15 @@ def test_classify_runs_each_of_its_steps_through_the_step_it_is_given(ctx, tmp_p
         return seen[-1][1]
 
     request = {"image": Upload(str(photo)), "model_choice": ctx.models.default}
-    labels, overlay, _, _, _, _, covered = classify.answer(ctx, Request(request), step)
+    done = classify.answer(ctx, Request(request), step)
+    labels, overlay, covered = done.labels, done.overlay, done.covered
     names = [name for name, _ in seen]
     assert names == ["read", "read", "decode", "preprocess", "model views", "map", "overlay"], names
     assert covered == classify.NEW and seen[-1][1] is overlay
     assert seen[1][1] == (451, 300) and seen[2][1].size == (451, 300)  # the header's size, the decoded image
     seen.clear()
     again = classify.answer(ctx, Request(request))  # no step given: run as they are
-    assert seen == [] and again[0] == labels and again[6] != classify.NEW
+    assert seen == [] and again.labels == labels and again.covered != classify.NEW
     classify.answer(ctx, Request(request), step)
     assert [name for name, _ in seen] == ["read", "map", "overlay"]
 

@@ -70,24 +70,35 @@ def zip_directory(path: Path) -> tuple[int, int] | None:
         return (entries, directory) if sig == b"PK\x06\x06" else None
 
 
-def read_zip(path: Path, max_images: int, max_bytes: int) -> Iterator[tuple[Item, bytes | None]]:
+@dataclass
+class Allowance:
+    """What a request may still read, charged as it reads: image bytes, images (of ``cap`` in all), and zip
+    directories' entries and bytes (what zipfile parses before any member is read)."""
+
+    bytes: int = MAX_TOTAL_BYTES
+    images: int = MAX_IMAGES
+    members: int = MAX_MEMBERS
+    directory: int = MAX_DIRECTORY_BYTES
+    cap: int = MAX_IMAGES
+
+
+def read_zip(
+    path: Path, max_images: int, max_bytes: int, declared: tuple[int, int] | None = None
+) -> Iterator[tuple[Item, bytes | None]]:
     """The image members of one archive with caps of the caller's (the Train tab's: thousands of images),
-    each ``Item`` named by its path in the archive, as ``read_uploads`` reads them."""
+    each ``Item`` named by its path in the archive, as ``read_uploads`` reads them; ``declared``: its end
+    record (``zip_directory``), when the caller has read it already."""
     prefix = f"{path.name}/"
-    parse = [MAX_MEMBERS, MAX_DIRECTORY_BYTES]
-    for item, data in _read_zip(path, [max_bytes], [max_images], parse, max_images):
+    left = Allowance(bytes=max_bytes, images=max_images, cap=max_images)
+    for item, data in _read_zip(path, left, declared or zip_directory(path)):
         item.name = item.name.removeprefix(prefix)
         yield item, data
 
 
-def _read_zip(
-    path: Path, budget: list[int], room: list[int], parse: list[int], cap: int = MAX_IMAGES
-) -> Iterator[tuple[Item, bytes | None]]:
-    """Image members of the archive at ``path``, one at a time: at most ``room[0]`` of them (of ``cap`` in
-    all), their bytes charged to ``budget[0]``; its directory's entries and bytes charged to ``parse`` (what is
-    left of ``MAX_MEMBERS`` and ``MAX_DIRECTORY_BYTES`` for the whole request) before it is read."""
-    declared = zip_directory(path)
-    if declared is not None and (declared[0] > parse[0] or declared[1] > parse[1]):
+def _read_zip(path: Path, left: Allowance, declared: tuple[int, int] | None) -> Iterator[tuple[Item, bytes | None]]:
+    """Image members of the archive at ``path``, one at a time, charged to ``left``: its directory (``declared``:
+    its end record's entries and bytes) before it is read, then each member read."""
+    if declared is not None and (declared[0] > left.members or declared[1] > left.directory):
         entries, directory = declared
         yield (
             Item(
@@ -99,7 +110,7 @@ def _read_zip(
         )
         return
     if declared is not None:
-        parse[1] -= declared[1]  # what zipfile reads and parses: the directory the end record declares
+        left.directory -= declared[1]  # what zipfile reads and parses: the directory the end record declares
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as e:
@@ -107,20 +118,20 @@ def _read_zip(
         return
     with zf:
         members = zf.infolist()
-        if len(members) > parse[0]:  # a directory that disagrees with its end record
+        if len(members) > left.members:  # a directory that disagrees with its end record
             yield Item(path.name, error=f"refused: {len(members)} entries (at most {MAX_MEMBERS} a batch)"), None
-            parse[0] = 0
+            left.members = 0
             return
-        parse[0] -= len(members)
+        left.members -= len(members)
         for info in members:
             name = PurePosixPath(info.filename).name
             if info.is_dir() or PurePosixPath(name).suffix.lower() not in IMAGE_SUFFIXES or name.startswith("."):
                 continue
             label = f"{path.name}/{info.filename}"
-            if room[0] == 0:
-                yield Item(label, error=f"skipped: at most {cap:,} images are read"), None
+            if left.images == 0:
+                yield Item(label, error=f"skipped: at most {left.cap:,} images are read"), None
                 return
-            limit = min(MAX_IMAGE_BYTES, budget[0])
+            limit = min(MAX_IMAGE_BYTES, left.bytes)
             if info.file_size > limit:
                 yield Item(label, error=f"skipped: {info.file_size:,} bytes uncompressed (limit {limit:,})"), None
                 continue
@@ -133,8 +144,8 @@ def _read_zip(
             if len(data) > limit:
                 yield Item(label, error="refused: inflates past its declared size"), None
                 continue
-            budget[0] -= len(data)
-            room[0] -= 1
+            left.bytes -= len(data)
+            left.images -= 1
             yield Item(label), data
 
 
@@ -148,7 +159,7 @@ def read_uploads(paths: list[str]) -> Iterator[tuple[Item, bytes | None]]:
 
 
 def _read_uploads(paths: list[Path]) -> Iterator[tuple[Item, bytes | None]]:
-    budget, room, parse = [MAX_TOTAL_BYTES], [MAX_IMAGES], [MAX_MEMBERS, MAX_DIRECTORY_BYTES]
+    left = Allowance()
     seen: set[str] = set()
     for p in paths:
         if str(p.resolve()) in seen:  # one file listed again (an archive 200 times) is read once
@@ -156,13 +167,13 @@ def _read_uploads(paths: list[Path]) -> Iterator[tuple[Item, bytes | None]]:
             continue
         seen.add(str(p.resolve()))
         if zipfile.is_zipfile(p):
-            yield from _read_zip(p, budget, room, parse)
-        elif room[0] == 0:
+            yield from _read_zip(p, left, zip_directory(p))
+        elif left.images == 0:
             yield Item(p.name, error=f"skipped: a batch holds at most {MAX_IMAGES} images"), None
-        elif p.stat().st_size > min(MAX_IMAGE_BYTES, budget[0]):
+        elif p.stat().st_size > min(MAX_IMAGE_BYTES, left.bytes):
             yield Item(p.name, error="skipped: file too large for this batch"), None
         else:
             data = p.read_bytes()
-            budget[0] -= len(data)
-            room[0] -= 1
+            left.bytes -= len(data)
+            left.images -= 1
             yield Item(p.name), data

@@ -123,11 +123,12 @@ def class_of(member: str) -> str | None:
     return OTHER_FOLDER if name is not None and name.lower() == OTHER_FOLDER else name
 
 
-def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
+def from_zip(path: str | Path, dest: Path, limits: Limits, declared: tuple[int, int] | None = None) -> TrainSet:
     """The image members of the zip at ``path`` checked from their headers and written, undecoded, under names of
     ours into the new folder ``dest`` (see the module's docstring; ``decode_folder`` decodes them). ``ValueError``
     with a sentence for the visitor when the archive breaks the limits or does not make a training set (fewer
-    than 2 classes, a class with too few images). ``dest`` is left for the caller to remove."""
+    than 2 classes, a class with too few images). ``declared``: the zip's end record (``archives.zip_directory``)
+    when the caller read it already: it is read once a job. ``dest`` is left for the caller to remove."""
 
     path = Path(path)
     if not zipfile.is_zipfile(path):  # said first: not "no class folders found" about a file that is no archive
@@ -141,7 +142,8 @@ def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
     counts: Counter[str] = Counter()
     skipped: list[str] = []
     pixels = 0
-    for item, data in read_zip(path, limits.max_images, limits.max_zip_mb * MB * 4):
+    declared = declared or zip_directory(path)
+    for item, data in read_zip(path, limits.max_images, limits.max_zip_mb * MB * 4, declared):
         name = class_of(item.name)
         if data is None or name is None:
             skipped.append(f"{item.name}: {item.error or 'not inside a class folder'}")
@@ -165,7 +167,6 @@ def from_zip(path: str | Path, dest: Path, limits: Limits) -> TrainSet:
         folder.mkdir(exist_ok=True)
         (folder / f"{counts[name]:05d}{RAW}").write_bytes(data)
         counts[name] += 1
-    declared = zip_directory(path)  # its entries, for a refusal that says what the zip held
     return _checked(_found(dest, counts, skipped), limits.min_per_class, declared)
 
 

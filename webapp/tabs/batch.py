@@ -16,6 +16,7 @@ import io
 import shutil
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -125,9 +126,16 @@ def estimate(ctx: Context, arguments: dict) -> int:
     return estimates.REQUEST_BYTES + MAX_DECODE_BYTES + gallery + work
 
 
-def _decode(item: Item, data: bytes, transform: ImageTransform, pixels: list[int]) -> Image.Image | None:
+@dataclass
+class Decoding:
+    """The pixels a batch may still decode (``MAX_DECODED_PIXELS`` in all), charged image by image."""
+
+    pixels: int = MAX_DECODED_PIXELS
+
+
+def _decode(item: Item, data: bytes, transform: ImageTransform, left: Decoding) -> Image.Image | None:
     """The image in ``data`` decoded as every tab decodes it (``analysis.decode``), its decoded pixels charged to
-    ``pixels[0]`` from its header first; None (``item.error`` set) when it is unreadable or over what is left."""
+    ``left`` from its header first; None (``item.error`` set) when it is unreadable or over what is left."""
     buf = io.BytesIO(data)
     buf.name = item.name  # load_image's messages name their source
     need = needed_side(transform)
@@ -141,13 +149,13 @@ def _decode(item: Item, data: bytes, transform: ImageTransform, pixels: list[int
                 f"({MAX_DECODE_BYTES >> 20} MB); classify it on its own"
             )
             return None
-        if w * h > pixels[0]:
+        if w * h > left.pixels:
             item.error = (
                 f"skipped: decoding it takes {w * h:,} pixels, more than the batch has left "
-                f"({pixels[0]:,} of {MAX_DECODED_PIXELS:,}); send large images in smaller batches"
+                f"({left.pixels:,} of {MAX_DECODED_PIXELS:,}); send large images in smaller batches"
             )
             return None
-        pixels[0] -= w * h
+        left.pixels -= w * h
         buf.seek(0)
         return decode(buf, transform)
     except ImageDataError as e:
@@ -171,10 +179,10 @@ def classify_batch(
     items: list[Item] = []
     gallery: list[tuple[Image.Image, str]] = []
     chunk: list[tuple[Item, torch.Tensor, Image.Image]] = []
-    pixels = [MAX_DECODED_PIXELS]
+    left = Decoding()
     for item, data in read_uploads(paths):
         items.append(item)
-        img = None if data is None else _decode(item, data, transform, pixels)
+        img = None if data is None else _decode(item, data, transform, left)
         if img is None:
             continue
         shown = render.display_copy(img, THUMB)  # an extreme aspect ratio was kept larger for the model

@@ -82,7 +82,7 @@ def _classify(ctx: Context, request: Request) -> tuple[dict[str, float], Image.I
     the same decision and reason.
     A method of None is the server's default map (AttnLRP unless the server chose another).
     Layer and head (raw attention) are numbered from 0; a negative layer counts from the end (-1: the last)."""
-    return answer(ctx, request)[:6]
+    return answer(ctx, request).api()
 
 
 classify = api(_classify, ("image", "model_choice", *MapSettings.names()), progress=True)
@@ -90,9 +90,26 @@ classify = api(_classify, ("image", "model_choice", *MapSettings.names()), progr
 NEW, MAP_ONLY, CACHED = "new", "map only", "cached"  # what a compute time covered (``answer``)
 
 
+@dataclass(frozen=True)
+class Classified:
+    """``answer``'s result: what ``/classify`` returns (``api``), and what its compute time covered."""
+
+    labels: dict[str, float]  # the top-k classes and their probabilities
+    overlay: Image.Image  # the map over the image, with its colour bar
+    compute_ms: float
+    verdict: str  # the decision in words (``model_info.Decision.markdown``)
+    explained: str  # the class the map explains, in words
+    ood: dict  # the "none of my classes" check (``ood_check``)
+    covered: str  # NEW, MAP_ONLY or CACHED
+
+    def api(self) -> tuple[dict[str, float], Image.Image, float, str, str, dict]:
+        """The API's six outputs, in its order."""
+        return self.labels, self.overlay, self.compute_ms, self.verdict, self.explained, self.ood
+
+
 def answer(
     ctx: Context, request: Request, step: Step = untimed, *, analysed: tuple[Analysis, float] | None = None
-) -> tuple[dict[str, float], Image.Image, float, str, str, dict, str]:
+) -> Classified:
     """``classify``'s answer to ``request`` (its image, model and settings), and what the compute time
     covered: ``NEW`` (the image decoded and run through the model, then the map), ``MAP_ONLY`` (the image's
     forward pass was cached, the map was drawn) or ``CACHED`` (the forward pass and the map were both computed
@@ -111,7 +128,8 @@ def answer(
     labels = {a.names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
     overlay = step("overlay", lambda: picture(a, heat, s))
     decision = model_info.analysis_decision(a)
-    return labels, overlay, round(compute_ms, 2), decision.markdown(), explains(a, s), ood_check(a, decision), covered
+    ood = ood_check(a, decision)
+    return Classified(labels, overlay, round(compute_ms, 2), decision.markdown(), explains(a, s), ood, covered)
 
 
 def picture(a: Analysis, heat: torch.Tensor, s: Settings) -> Image.Image:
@@ -175,12 +193,14 @@ def show(ctx: Context, request: Request) -> Iterator[tuple]:
             yield first_look(ctx, request, part)
         else:
             a = part
-    labels, overlay, ms, verdict, explained, ood, covered = answer(ctx, request, analysed=(a, t0))
+    done = answer(ctx, request, analysed=(a, t0))
+    verdict = done.verdict
     if first is not None and int(first.probs.argmax()) != int(a.probs.argmax()):
         said = a.names[int(first.probs.argmax())]
         now = a.names[int(a.probs.argmax())]
         verdict += f"\n\nWith all {first.views} views: {now}; the image alone said {said}."
-    yield chart(labels, ood["decision"]), overlay, compute_note(ms, covered), headline(verdict), explained
+    note = compute_note(done.compute_ms, done.covered)
+    yield chart(done.labels, done.ood["decision"]), done.overlay, note, headline(verdict), done.explained
 
 
 def first_look(ctx: Context, request: Request, first: FirstLook) -> tuple:

@@ -149,30 +149,34 @@ def _checked(
         job = trainer.start(session or "api", minutes)
     except TrainingBusy as e:
         raise gr.Error(str(e), print_exception=False) from None
-    entries = _entries(photos)  # the gate reserves for these photos; a zip holding more is refused (``_train``)
+    declared = _declared(photos)  # the gate reserves for its photos; a zip holding more is refused (``_train``)
+    entries = declared[0] if declared is not None else None
     try:
         with ctx.held(estimate, model_choice=model_choice, double_size=double_size, images=entries):
-            yield from _train(ctx, job, photos, source.source, size, entries)
+            yield from _train(ctx, job, photos, source.source, size, declared)
     finally:
         trainer.finish(job)
 
 
-def _entries(photos: str) -> int | None:
-    """The entries the zip declares (its end record, read from its last bytes): at least its photos; None when it
-    has no readable record (``from_zip`` then says what is wrong)."""
+def _declared(photos: str) -> tuple[int, int] | None:
+    """The entries and directory bytes the zip declares (its end record, read from its last bytes, once for the
+    whole job: the estimate, the reading and the refusals use it): its entries are at least its photos; None when
+    it has no readable record (``from_zip`` then says what is wrong)."""
     try:
-        declared = zip_directory(Path(photos))
+        return zip_directory(Path(photos))
     except (OSError, struct.error):
         return None
-    return declared[0] if declared is not None else None
 
 
-def _train(ctx: Context, job: Job, photos: str, init: str, size: int | None, entries: int | None) -> Iterator:
+def _train(
+    ctx: Context, job: Job, photos: str, init: str, size: int | None, declared: tuple[int, int] | None
+) -> Iterator:
     """The job once it holds the slot and the gate: the zip read, the training process, the result page."""
     trainer, limits = ctx.trainer, limits_of(ctx)
+    entries = declared[0] if declared is not None else None
     skip = gr.skip()
     try:
-        found = from_zip(photos, job.data, limits)
+        found = from_zip(photos, job.data, limits, declared)
     except ValueError as e:
         raise gr.Error(sentence(str(e)), print_exception=False) from None
     if entries is not None and found.images > entries:  # its end record lied: the estimate too
