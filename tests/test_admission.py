@@ -220,7 +220,6 @@ def _page_arguments(fn: gr.blocks.BlockFunction) -> dict:
     values = {"image": analysis.Upload(photo), "files": [photo], "model_choice": "bundled", "x": 200.0, "y": 150.0}
     values |= {name: getattr(MapSettings, name) for name in MapSettings.names()}
     names = inspect.signature(fn.fn).parameters
-    values = {"changed": True} | values  # a chained event after a clear that changed the subject
     return {n: values.get(n) for n in names if n not in ("request", "progress", "event")}
 
 

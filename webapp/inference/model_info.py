@@ -16,6 +16,7 @@ from torch import nn
 from vit_core import VisionTransformer, figures
 from vit_core.calibration import calibrated_views, unlikeness
 from vit_core.explain import inspection
+from vit_core.finetune.finish import HELD_OUT_SPLIT
 from vit_core.io.files import METRICS_NAME, RECIPE_NAME
 
 from .analysis import Analysis, autocast
@@ -211,10 +212,10 @@ def summary(model: VisionTransformer, folder: Path | None) -> str:
         ("Classes", f"{cfg.num_classes}: {', '.join(names)[:300]}"),
     ]
     if folder is not None:
-        measured = measured_accuracy(folder, calibrated_views(model), len(names))
-        rows.append(("Accuracy (measured)", measured))
-        # the test accuracy of the last epoch only where no evaluation measured it: each accuracy said once
-        if (training := training_summary(folder, with_test=measured.startswith(NOT_MEASURED))) is not None:
+        rows.append(("Accuracy (measured)", measured_accuracy(folder, calibrated_views(model), len(names))))
+        # the last epoch's check of the held-out photos is what their evaluation measured: each accuracy said once
+        held_out = any((folder / f"eval_{HELD_OUT_SPLIT}{tta}.json").is_file() for tta in ("", "_flip"))
+        if (training := training_summary(folder, with_test=not held_out)) is not None:
             rows.append(("Training", training))
     text = "| Property | Value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
     card = folder / "README.md" if folder else None

@@ -55,7 +55,7 @@ def _inspect(ctx: Context, request: Request) -> tuple[Image.Image, Image.Image, 
     return *figs, model_info.summary(model, ctx.models.folder_of(choice))
 
 
-inspect = api(_inspect, ("model_choice",))
+inspect_model = api(_inspect, ("model_choice",))  # not "inspect": the module and the standard library have that name
 GROUP = "inspect"
 BLANK = (None, None, None, "")
 
@@ -78,7 +78,7 @@ def build(ctx: Context, page: Page) -> Tab:
     )
     active = (picker.active, picker.active)
     return Tab(
-        apis=[Api("inspect", inspect, [picker.choice], outputs, estimate)],
+        apis=[Api("inspect", inspect_model, [picker.choice], outputs, estimate)],
         clears=[Clear("new model", [picker.active.change], [GROUP], active, lambda _: BLANK, outputs)],
         events=[Event("inspect_page", shown, triggers=[button.click])],
     )

@@ -23,9 +23,9 @@ A change of subject clears the tab's results at once (``on_change``: outside the
 then recomputes them where that is cheap (Classify, the Explore picture) in an event chained after the clear
 (``then``), once per subject: the browser can report one choice twice (a file input set while it holds a file
 fires two ``change`` events with the new file), and the repeat (``Tickets.change`` says so) neither clears the
-results nor recomputes them: the clear leaves them as they are and tells the chained event so (``Cleared.changed``,
-a value of the page's session), which then leaves them too, without an error in the browser's console. A request
-sent for
+results nor recomputes them: the clear leaves them as they are, and of the recomputations chained after the two
+clears only the first to arrive computes (``Tickets.claim``: one per change of subject, whichever order they
+reach the server in), without an error in the browser's console. A request sent for
 the new subject just before the page saw the change (a click right after an upload) still
 counts. Errors replace the results they concern, in place (``answer``), instead of a toast over
 the old ones.
@@ -62,6 +62,7 @@ class _Newest:
     answer: float = NEVER  # the newest ticket that asked for an answer
     change: float = NEVER  # the newest change of subject
     subject: Hashable = None  # what that change chose
+    pending: bool = False  # a change of subject whose recomputation has not run yet (``claim``)
 
 
 class Tickets:
@@ -118,7 +119,19 @@ class Tickets:
                 return False
             new = n.change == NEVER or subject != n.subject
             n.change, n.subject = ticket, subject
+            n.pending = n.pending or new
             return new
+
+    def claim(self, page: str | None, group: str) -> bool:
+        """Whether a recomputation chained after a clear of ``group`` is the one its change of subject asked for:
+        the first to arrive after a change (then no other), so that a repeated change event, whose clear changed
+        nothing, recomputes nothing."""
+        if page is None:
+            return True
+        with self._lock:
+            n = self._entry(page, group)
+            claimed, n.pending = n.pending, False
+            return claimed
 
 
 TICKETS = Tickets()
@@ -217,11 +230,9 @@ def listen(triggers: Sequence, fn: Callable, inputs: Sequence, outputs: Sequence
 
 @dataclass(frozen=True)
 class Cleared:
-    """A clear's event, and whether it changed the subject (False: a repeat, which changed nothing), for the
-    recomputation chained after it (``then``)."""
+    """A clear's event: a recomputation chained after it runs once per change of subject (``Tickets.claim``)."""
 
     event: gr.events.Dependency
-    changed: gr.State
 
 
 def on_change(
@@ -234,43 +245,40 @@ def on_change(
     """Clear ``outputs`` the moment the subject (``subject``'s components: the image or files, and the model)
     changes, outside the queue (``blank(*values)``: what they show meanwhile), and drop the answers about the
     previous subject still running in ``groups``; chain the recomputation after the returned event (``then``),
-    which runs only when the clear succeeded: a repeated event for the same subject leaves them alone and sends
-    no recomputation (``Cleared.changed``)."""
+    which runs only when the clear succeeded: a repeated event for the same subject leaves them alone, and its
+    recomputation computes nothing (``Tickets.claim``)."""
 
     def cleared(what: object, model: str, ticket: float | None, request: gr.Request) -> tuple:
         page = getattr(request, "session_hash", None)
         if not any([TICKETS.change(page, group, ticket, subject_of(what, model)) for group in groups]):
-            return (*[gr.skip()] * len(outputs), False)  # the results stay; so does the chained event (``then``)
-        return (*blank(what), True)
+            return (gr.skip(),) * len(outputs)  # the results stay, and no error: the chained event claims nothing
+        return tuple(blank(what))
 
     what, model = subject
-    changed = gr.State(False)
     event = gr.on(
         list(triggers),
         cleared,
         [what, model, ticket_input()],
-        [*outputs, changed],
+        list(outputs),
         js=TICKET_JS,
         queue=False,
         trigger_mode="multiple",
         api_visibility="private",
         show_progress="hidden",
     )
-    return Cleared(event, changed)
+    return Cleared(event)
 
 
 def then(
     previous: Cleared | gr.events.Dependency, fn: Callable, inputs: Sequence, outputs: Sequence, **kwargs
 ) -> gr.events.Dependency:
-    """``fn`` once ``previous`` succeeded, with a newer ticket than its; after a clear, its inputs followed by
-    ``Cleared.changed`` (``fn`` leaves its outputs alone when it is False: a repeated change of subject). Every
-    time (Gradio's default for a chained event, "once", would skip it while the previous input's answer is still
-    computing)."""
-    changed = [previous.changed] if isinstance(previous, Cleared) else []
+    """``fn`` once ``previous`` succeeded, with a newer ticket than its (after a clear, ``fn`` computes once per
+    change of subject: ``page_handler(chained=True)``). Every time (Gradio's default for a chained event, "once",
+    would skip it while the previous input's answer is still computing)."""
     event = previous.event if isinstance(previous, Cleared) else previous
     return event.success(
         fn,
-        [*inputs, *changed, ticket_input()],
+        [*inputs, ticket_input()],
         list(outputs),
         js=TICKET_JS,
         trigger_mode="multiple",
@@ -308,11 +316,11 @@ def _serve(ctx: Context, endpoint: Api) -> None:
 
 
 def page_handler(ctx: Context, answer: Answer, chained: bool = False) -> Callable:
-    """The page's handler of ``answer``: its inputs by name, then (``chained``: after a clear, ``then``)
-    whether the clear changed the subject, the ticket (``listen``), the request, and the progress and the
-    click when the answer takes them, as Gradio reads them from its signature."""
+    """The page's handler of ``answer``: its inputs by name, then the ticket (``listen``), the request, and the
+    progress and the click when the answer takes them, as Gradio reads them from its signature. ``chained``: after
+    a clear (``then``), it computes once per change of subject (``Tickets.claim``)."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    names = (*answer.inputs, *(["changed"] if chained else []), "ticket")
+    names = (*answer.inputs, "ticket")
     params = [inspect.Parameter(name, kind) for name in names]
     params.append(inspect.Parameter("request", kind, annotation=gr.Request))
     if answer.progress:
@@ -326,12 +334,14 @@ def page_handler(ctx: Context, answer: Answer, chained: bool = False) -> Callabl
         """The request by name, its place among the page's (None: nothing to answer) and its hold on the gate."""
         values = signature.bind(*args, **kwargs).arguments
         ticket, page, event = values.pop("ticket"), values.pop("request"), values.pop("event", None)
-        changed = values.pop("changed", True)
         request = Request(values, values.pop("progress", no_progress), event)
-        if not changed or (answer.ready is not None and not answer.ready(request)):
+        session = getattr(page, "session_hash", None)
+        if (answer.ready is not None and not answer.ready(request)) or (
+            chained and not TICKETS.claim(session, answer.group)
+        ):
             return request, None, nullcontext()  # no ticket taken: the answers in flight still count
         subject = subject_of(*(values[name] for name in answer.subject))
-        place = Ticket(getattr(page, "session_hash", None), answer.group, ticket, subject)
+        place = Ticket(session, answer.group, ticket, subject)
         return request, place, ctx.held(answer.estimate, **values)
 
     def handle(*args: object, **kwargs: object) -> tuple:
