@@ -184,11 +184,12 @@ def _changed(page, selector: str, before: str | None) -> str:
 
 
 def _classified(page, before: str | None = None) -> str:
-    """Wait for the Classify tab's answer to a new image (no button pressed): a new map and its compute time
-    ("Computed in", or "Answered in ... from the cache" for an image analysed before)."""
-    src = _changed(page, "#overlay", before)
+    """Wait for the Classify tab's full answer to a new image (no button pressed): a new map and its compute time
+    ("Computed in", or "Answered in ... from the cache" for an image analysed before); the full answer's map (a
+    new photo's first answer showed another before it)."""
+    _changed(page, "#overlay", before)
     page.locator("#compute-time").get_by_text(re.compile(r"^(Computed|Answered) in")).wait_for()
-    return src
+    return _src(page, "#overlay")
 
 
 def _upload(page, path: Path | str) -> str:
@@ -336,7 +337,7 @@ def test_every_tab_drops_the_previous_images_and_models_results(page, runs, tmp_
     first = _changed(page, "#overlay", first)  # the cat's RISE map
     _watch(page)
     page.locator("#image input[type=file]").set_input_files(str(_fresh_copy(tmp_path, EXAMPLE_PHOTOS[3], "dog.png")))
-    page.locator("#verdict").get_by_text("Classifying").wait_for()  # its RISE map has started
+    page.locator("#verdict").get_by_text(re.compile("Classifying|a first answer")).wait_for()  # its RISE map runs
     page.locator("#classify").click()  # another request about the upload, which Gradio runs beside the first
     page.get_by_role("button", name="bird", exact=True).click()
     page.wait_for_function(EXPLORE_CLEARED)
@@ -385,7 +386,7 @@ def test_a_setting_changed_while_classify_runs_is_the_one_shown(page, server, tm
     assert _text(page, "#compute-time").endswith("(decode, model and map).")  # not from the cache
     _watch(page)
     page.locator("#image input[type=file]").set_input_files(str(_fresh_copy(tmp_path, CAT, "cat.png")))
-    page.locator("#verdict").get_by_text("Classifying").wait_for()  # its RISE map has started
+    page.locator("#verdict").get_by_text(re.compile("Classifying|a first answer")).wait_for()  # its RISE map runs
     page.get_by_role("radio", name="Raw attention").check()
     explains = page.locator("#explains")
     try:
