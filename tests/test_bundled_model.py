@@ -56,6 +56,7 @@ def test_bundle_classifies_the_app_examples(photo):
 
 
 @pytest.mark.skipif(not (default_data_root() / "cifar10").is_dir(), reason="CIFAR-10 not found under VIT_DATA")
+@pytest.mark.slow  # 1-2 minutes on 2 cores: the bundle's stored numbers, re-derived (pytest -m slow)
 def test_bundle_is_calibrated_as_its_eval_reports():
     """The stored calibration loads: a temperature and an OOD detector fitted on training images 45,000-49,999,
     which the bundle's recipe never trained on, for the views the app averages. On every fifth test image the
@@ -77,6 +78,7 @@ def test_bundle_is_calibrated_as_its_eval_reports():
 
 
 @pytest.mark.skipif(not (default_data_root() / "cifar10").is_dir(), reason="CIFAR-10 not found under VIT_DATA")
+@pytest.mark.slow  # 1-2 minutes on 2 cores: the bundle's stored numbers, re-derived (pytest -m slow)
 def test_the_ood_bench_fits_the_detector_the_bundle_stores():
     """``bench.ood`` and ``bench.detector_choice`` refit every score as ``train calibrate`` fitted the stored one:
     on training images 0-9,999 and the recipe's photos. Their Mahalanobis statistics are the bundle's own, so

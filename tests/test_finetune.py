@@ -119,10 +119,10 @@ def test_frozen_modules_keep_their_weights(folder, tmp_path):
 def test_the_recipe_from_the_command_line_calibrates_and_writes_the_card(folder, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--recipe", "finetune_folder", "--data", str(folder / "train"), "--init", str(folder / "init")]
-    argv += ["--minutes", "5", "--out", str(out), "--no-progress", "--set", "epochs=1", "batch_size=8"]
+    argv += ["--minutes", "0.3", "--out", str(out), "--no-progress", "--set", "epochs=1", "batch_size=8"]
     assert train_main(argv) == 0
     recipe = json.loads((out / "recipe.json").read_text())
-    assert recipe["budget_minutes"] == 5 and recipe["val_fraction"] == 0.2 and recipe["in_memory"]
+    assert recipe["budget_minutes"] == 0.3 and recipe["val_fraction"] == 0.2 and recipe["in_memory"]
     assert vit_core.from_pretrained(out).calibration.ood is not None
     assert "## Calibration" in (out / "README.md").read_text()
 

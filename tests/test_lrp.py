@@ -617,6 +617,7 @@ def test_gamma_rule_on_a_convolution_matches_its_formula(signed, bias):
 
 
 @pytest.mark.skipif(not (default_data_root() / "cifar10").is_dir(), reason="CIFAR-10 not found under VIT_DATA")
+@pytest.mark.slow  # 1-2 minutes on 2 cores: the bundle's stored numbers, re-derived (pytest -m slow)
 def test_attnlrp_beats_the_centre_gaussian_on_the_bundled_model():
     """The app's default map on real data: on CIFAR-10 test images (every 250th, 40 images) AttnLRP reveals the
     class evidence sooner than the centre Gaussian, the map that ignores the image, and under ROAD's imputation

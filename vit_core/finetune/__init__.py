@@ -185,8 +185,8 @@ def finetune_folder(
     else:
         deadline = None if budget_s is None else t0 + budget_s
         result, records, features, best_recipe = _stages(
-            recipe, model, out, strategy, watch, should_stop, deadline=deadline, sizes=sizes if reserve else None,
-            keep=keep_stages,
+            recipe, model, out, strategy, watch, should_stop=should_stop, deadline=deadline,
+            sizes=sizes if reserve else None, keep=keep_stages,
         )  # fmt: skip
     trained_s = time.time() - t0  # loading, the probe's features and the training
     complete = result.stopped != "asked"
@@ -226,10 +226,10 @@ def _stages(
     out: Path,
     strategy: str,
     watch: Watch,
-    should_stop: Callable[[], bool] | None,
     *,
-    deadline: float | None,
-    sizes: tuple[int, int, int, int] | None,
+    should_stop: Callable[[], bool] | None = None,
+    deadline: float | None = None,
+    sizes: tuple[int, int, int, int] | None = None,
     keep: bool = False,
 ) -> tuple[TrainResult, list[StageRecord], Any, Recipe]:
     """The probe, then (``strategy`` "auto") stages while the budget affords them, or ("lp-ft") every block once;

@@ -179,7 +179,7 @@ def classify_batch(
     items: list[Item] = []
     gallery: list[tuple[Image.Image, str]] = []
     chunk: list[tuple[Item, torch.Tensor, Image.Image]] = []
-    left = Decoding()
+    left = Decoding(MAX_DECODED_PIXELS)  # read now: the limit is the module's as it is at the call
     for item, data in read_uploads(paths):
         items.append(item)
         img = None if data is None else _decode(item, data, transform, left)
