@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx2  # huggingface_hub's HTTP client (its connection errors are its own)
 import torch
 from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token, hf_hub_download, try_to_load_from_cache
 from huggingface_hub.errors import (
@@ -45,6 +46,7 @@ from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
     LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
@@ -334,9 +336,26 @@ def _hub_errors(repo_id: str, revision: str | None, token: str | None) -> Iterat
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else "?"
         msg = f"{repo_id}: the Hub at {endpoint} answered {status}: {e.server_message or e}"
+    except UNREACHABLE as e:
+        msg = f"{repo_id}: {unreachable(e)}"
     else:
         return
     raise HubError(_redact(msg, token))
+
+
+# The Hub not reached at all: offline mode, a refused or dropped connection, a timeout (huggingface_hub speaks
+# httpx2; its ``OfflineModeIsEnabled`` is a ``ConnectionError``)
+UNREACHABLE = (OfflineModeIsEnabled, ConnectionError, TimeoutError, httpx2.TransportError)
+
+
+def unreachable(e: BaseException) -> str:
+    """What an ``UNREACHABLE`` error means, as a sentence without its traceback."""
+    if isinstance(e, OfflineModeIsEnabled):
+        return "HF_HUB_OFFLINE is set on this machine, so the Hub is not contacted; unset it to reach the Hub."
+    return (
+        f"the Hub at {constants.ENDPOINT} could not be reached ({type(e).__name__}); check the network connection "
+        "(and HF_ENDPOINT if you use a mirror) and try again."
+    )
 
 
 def _redact(text: str, token: str | None) -> str:
@@ -384,6 +403,8 @@ def push_to_hub(
             hint = " (the token needs write access to that namespace)" if status in (401, 403) else ""
             msg = f"could not push to {repo_id}: the Hub answered {status}{hint}: {e.server_message or e}"
             raise HubError(_redact(msg, token)) from None
+        except UNREACHABLE as e:
+            raise HubError(_redact(f"could not push to {repo_id}: {unreachable(e)}", token)) from None
         except ValueError as e:  # the Hub rejected the card's metadata (e.g. an unknown --license)
             raise HubError(_redact(f"could not push to {repo_id}: {e}", token)) from None
     return info.commit_url
