@@ -76,6 +76,11 @@ def test_a_folder_of_other_things_is_no_class_and_not_counted_as_one(tmp_path):
     alone = {"c0/1.png": _png(40), "c0/2.png": _png(40)} | {f"_other/{i}.png": _png(40) for i in range(3)}
     with pytest.raises(ValueError, match="at least 2 class folders"):
         from_zip(make_zip(tmp_path / "q.zip", alone), tmp_path / "e", Limits(10, 2, 1, 1))
+    # issue 66: only photos of other things: told it needs two classes, not "no photos ... every one was skipped"
+    only = {f"_other/{i}.png": _png(40) for i in range(12)}
+    with pytest.raises(ValueError, match=r"at least 2 class folders .* found 0; the 12 photos in _other") as e:
+        from_zip(make_zip(tmp_path / "o.zip", only), tmp_path / "f", Limits(20, 2, 1, 1))
+    assert "skipped" not in str(e.value)
 
 
 def test_cancel_stops_a_job_while_it_decodes(ctx, tmp_path):  # noqa: F811
