@@ -155,7 +155,9 @@ class Trainer:
             folder.mkdir()
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
             out = (self.runs or folder) / f"{RUN_PREFIX}{stamp}-{folder.name[:4]}"
-            self._job = Job(session, folder, minutes, self.clock(), out, address, lock=_hold(out) if self.runs else None)
+            self._job = Job(
+                session, folder, minutes, self.clock(), out, address, lock=_hold(out) if self.runs else None
+            )
             return self._job
 
     def left(self, job: Job) -> float:
