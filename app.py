@@ -203,6 +203,7 @@ def main() -> None:
         prevent_thread_lock=True,
     )
     sessions.install(demo, ctx.gate)
+    ctx.trainer.live = sessions.live  # a trained model whose pages are gone counts against no address
     if host == ALL_INTERFACES:
         print(f"* Serving on all interfaces: http://{_address()}:{demo.server_port}/ from other machines")
     demo.block_thread()

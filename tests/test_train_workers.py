@@ -17,11 +17,12 @@ import torch
 from safetensors.torch import save_file
 
 from tests.test_train_jobs import _png
-from tests.test_train_tab import ctx, make_zip, two_classes  # noqa: F401 (fixtures)
+from tests.test_train_tab import ctx, make_zip, public_ctx, two_classes  # noqa: F401 (fixtures)
 from webapp.jobs import trainer as trainer_module
-from webapp.jobs.trainer import Trainer, sweep_crashed
+from webapp.jobs.trainer import Trainer, TrainingBusy, sweep_crashed
 from webapp.jobs.trainset import Limits, from_zip
 from webapp.registry import catalog
+from webapp.registry.access import Caller, calling
 from webapp.registry.catalog import ROOT
 
 LIMITS = Limits(max_images=100, max_classes=3, max_minutes=5, max_zip_mb=10)
@@ -163,3 +164,31 @@ def test_a_stopped_worker_is_ended_and_its_visitor_told(ctx, tmp_path):  # noqa:
     assert told >= ended  # "try again in" was true
     assert not _alive(worker)
     trainer.finish(trainer.start("next", 1.0))  # the slot is free
+
+
+def test_a_model_no_page_can_reach_counts_against_no_address(public_ctx, monkeypatch):  # noqa: F811
+    """A visitor's model whose pages are all gone (its sessions' state expired; a REST call's at once) counted
+    against its address for its hour: five reload-and-retrain rounds of ViT-B/16 locked an address out. Now it
+    counts only while a page of it lives, and is the first deleted when the server's total needs room."""
+    models = public_ctx.models
+    trainer = Trainer(models, None, ttl=3600)
+    alive = {"s1"}
+    trainer.live = alive.__contains__
+    with calling(Caller("s1", "10.0.0.1")):
+        job = trainer.start("s1", 1)
+        job.out.mkdir()
+        (job.out / "model.safetensors").write_bytes(bytes(3000))
+        trained = trainer.register(job, ["a", "b"])
+        trainer.finish(job)
+    monkeypatch.setattr("webapp.jobs.trainer.JOB_RESERVE", 1000)
+    monkeypatch.setattr("webapp.jobs.trainer.MAX_HELD_PER_ADDRESS", 3500)
+    with calling(Caller("s2", "10.0.0.1")), pytest.raises(TrainingBusy, match="room one visitor has"):
+        trainer.start("s2", 1)  # its page lives: it counts
+    alive.clear()  # the page closed and its session expired
+    with calling(Caller("s2", "10.0.0.1")):
+        trainer.finish(trainer.start("s2", 1))
+    assert models.trained.get(trained.value) is not None  # kept while room allows (a reload may come back)
+    monkeypatch.setattr("webapp.jobs.trainer.MAX_HELD_BYTES", 3500)
+    with calling(Caller("s3", "10.0.0.2")):
+        trainer.finish(trainer.start("s3", 1))  # the total needed room: the unreachable model went
+    assert models.trained.get(trained.value) is None and not trained.out.exists()

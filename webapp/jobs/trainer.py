@@ -123,6 +123,8 @@ class Trainer:
         self.capped = ttl is not None  # what training holds is capped (a public server's)
         self.overrun_s = OVERRUN_S
         self.silent_s = SILENT_S  # a training process silent this long is ended (``worker.Process``)
+        # whether a session's page is alive (its state kept): the server's ``Sessions.live``; every one by default
+        self.live: Callable[[str], bool] = lambda session: True
 
     @classmethod
     def for_server(cls, models: Models) -> Trainer:
@@ -168,15 +170,27 @@ class Trainer:
         return min(max(end, now) + self.overrun_s, end + GRACE_S) - now
 
     def _check_room(self, address: str | None) -> None:
+        """Room for one more job: on the disk, and on a public server in what training holds. A model none of
+        whose pages is alive any more (``live``: its sessions' state expired, a REST call's at once) counts
+        against no address, and is the first deleted when the server's total needs room (a reload within the
+        hour, which brings a page back, finds it while room allows)."""
         free = shutil.disk_usage(self.root).free
         if free - JOB_RESERVE < MIN_FREE_DISK:
             raise TrainingBusy("The server's disk is nearly full; try again later.")
         if not self.capped:
             return
-        held = {t.out: t.address for t in self.models.trained.created_before(math.inf)}
-        sizes = {out: _bytes(out) for out in held}
-        mine = sum(n for out, n in sizes.items() if held[out] == address)
-        if sum(sizes.values()) + JOB_RESERVE > MAX_HELD_BYTES:
+        held = self.models.trained.created_before(math.inf)  # oldest first
+        sizes = {t.value: _bytes(t.out) for t in held}
+        reachable = {t.value for t in held if any(self.live(s) for s in t.reloads | {t.session})}
+        total = sum(sizes.values())
+        for t in held:
+            if total + JOB_RESERVE <= MAX_HELD_BYTES:
+                break
+            if t.value not in reachable:
+                self._delete(t)
+                total -= sizes[t.value]
+        mine = sum(sizes[t.value] for t in held if t.address == address and t.value in reachable)
+        if total + JOB_RESERVE > MAX_HELD_BYTES:
             raise TrainingBusy("This server holds as many trained models as it can; try again later.")
         if mine + JOB_RESERVE > MAX_HELD_PER_ADDRESS:
             raise TrainingBusy(
@@ -299,10 +313,14 @@ class Trainer:
             return []
         old = self.models.trained.created_before(self.clock() - self.ttl)
         for t in old:
-            self.models.forget(t.value)
-            shutil.rmtree(t.out.parent if t.out.parent.parent == self.root else t.out, ignore_errors=True)
-            shutil.rmtree(self.shown_folder(t.out), ignore_errors=True)
+            self._delete(t)
         return [t.value for t in old]
+
+    def _delete(self, t: Trained) -> None:
+        """Serve ``t`` no longer, unload it and remove its folders."""
+        self.models.forget(t.value)
+        shutil.rmtree(t.out.parent if t.out.parent.parent == self.root else t.out, ignore_errors=True)
+        shutil.rmtree(self.shown_folder(t.out), ignore_errors=True)
 
     def _start_sweeper(self) -> None:
         if self.ttl is None or self._sweeper is not None:
