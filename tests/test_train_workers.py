@@ -112,7 +112,8 @@ def test_a_server_killed_mid_job_takes_its_worker_with_it(tmp_path):
     # 240 one-colour 3,000 x 3,000 PNGs: ~35 s of decoding here, during which the worker writes nothing but its
     # heartbeat, from a thread of its own (which the dead server's pipe ends): without the parent-death signal it
     # ran on until its next report, after the decoding (which the kill makes free: this takes a second now)
-    photos = make_zip(tmp_path / "slow.zip", {f"c{i % 2}/{i}.png": _png(3000) for i in range(240)})
+    png = _png(3000)
+    photos = make_zip(tmp_path / "slow.zip", {f"c{i % 2}/{i}.png": png for i in range(240)})
     runs = tmp_path / "runs"
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     server = subprocess.Popen(

@@ -155,14 +155,14 @@ def peak_bytes() -> int:
 # --------------------------------------------------------------------------------- the server's side
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None  # prctl(2)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _die_with(parent: int) -> None:
     """In the child, between fork and exec: be killed when the thread that started it ends (its server died)."""
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the server died before the signal was asked for
         os._exit(1)
 
@@ -187,7 +187,7 @@ class Process:
     def _own(self, command: list[str], cwd: Path, env: dict, log: Path) -> None:
         try:
             with log.open("wb") as stderr:
-                die = functools.partial(_die_with, os.getpid()) if _LIBC is not None else None
+                die = functools.partial(_die_with, os.getpid()) if _PRCTL is not None else None
                 self.proc = subprocess.Popen(
                     command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, preexec_fn=die
                 )
