@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from tests.test_train_jobs import _png
 from tests.test_train_tab import ctx, make_zip, public_ctx, two_classes  # noqa: F401 (fixtures)
 from webapp.jobs import trainer as trainer_module
+from webapp.jobs import worker
 from webapp.jobs.trainer import Trainer, TrainingBusy, sweep_crashed
 from webapp.jobs.trainset import Limits, from_zip
 from webapp.registry import catalog
@@ -193,3 +194,30 @@ def test_a_model_no_page_can_reach_counts_against_no_address(public_ctx, monkeyp
     with calling(Caller("s3", "10.0.0.2")):
         trainer.finish(trainer.start("s3", 1))  # the total needed room: the unreachable model went
     assert models.trained.get(trained.value) is None and not trained.out.exists()
+
+
+FULL_DISK = """
+import errno, sys
+from webapp.jobs import worker
+def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device", "/srv/runs/app-x/model.safetensors")
+worker.finetune_folder = full
+worker.main(sys.argv[1])
+"""
+
+
+def test_a_full_disk_is_told_to_the_visitor(tmp_path):
+    """The worker's own "the disk is full" went to the log and the visitor read "training failed". Now the job is
+    refused with a sentence that says so, without the server's path."""
+    data = tmp_path / "data"
+    from_zip(two_classes(tmp_path / "photos.zip"), data, LIMITS)
+    job = tmp_path / "job.json"
+    spec = dict(data=str(data), init="x", out=str(tmp_path / "out"), minutes=1, image_size=None, threads=1)
+    job.write_text(json.dumps(spec | {"stop_file": str(tmp_path / "stop"), "strategy": "auto"}))
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(job)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    reports = [json.loads(line) for line in done.stdout.splitlines()]
+    assert done.returncode == worker.REFUSED and reports[-1] == {"error": worker.DISK_FULL}, done.stderr[-2000:]
+    assert "/srv" not in worker.DISK_FULL and "disk filled up" in worker.DISK_FULL
