@@ -35,7 +35,7 @@ from webapp.server import gradio_patches, payloads, tempfiles
 from webapp.server.admission import DEFAULT_SHARE, MB, Gate
 from webapp.server.bodies import MAX_JSON_BYTES, BodyLimits
 from webapp.server.newcomers import RequestScope, SessionRate
-from webapp.server.queueing import ClientLimits, OwnCancels, UploadLimits
+from webapp.server.queueing import MAX_PER_ADDRESS, ClientLimits, Connections, OwnCancels, UploadLimits
 from webapp.server.sessions import Sessions
 from webapp.tabs import batch, classify, compare, explore, inspect, train
 from webapp.ui import picker
@@ -155,6 +155,14 @@ def main() -> None:
         default=16,  # a page sends several at once (a new image: Classify and Explore), more while the user clicks
         help="requests one session may have waiting or computing (one address: twice as many; default 16)",
     )
+    g.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        default=MAX_PER_ADDRESS,
+        metavar="N",
+        help=f"open connections one address may hold (default {MAX_PER_ADDRESS}; not behind a proxy's FORWARDED_HOPS, "
+        "where every connection is the proxy's); all together, the file limit less a reserve",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -163,8 +171,12 @@ def main() -> None:
     )
     add_arguments(p)
     args = p.parse_args()
-    if min(args.concurrency, args.max_file_mb, args.per_client, args.max_memory or 1) < 1 or args.max_wait < 0:
-        raise SystemExit("--concurrency, --max-memory, --max-file-mb and --per-client must be >= 1, --max-wait >= 0")
+    counts = args.concurrency, args.max_file_mb, args.per_client, args.max_memory or 1, args.max_connections_per_address
+    if min(counts) < 1 or args.max_wait < 0:
+        raise SystemExit(
+            "--concurrency, --max-memory, --max-file-mb, --per-client and --max-connections-per-address must be >= 1, "
+            "--max-wait >= 0"
+        )
     limit_arenas()
     options = configure(args)
     tempfiles.use_own_folders()  # dead processes' folders removed, this one's made (webapp.server.tempfiles)
@@ -183,6 +195,8 @@ def main() -> None:
         flush=True,
     )
     upload_limit = max(args.max_file_mb * MB, MAX_TOTAL_BYTES)  # one upload, all its files
+    # connections without a request closed after a timeout, capped per address and in all (webapp.server.queueing)
+    Connections(args.max_connections_per_address).install()
     host = serving_host(args)
     # no monitoring: the API page would show its per-endpoint latencies, which say nothing useful to visitors
     demo.launch(
@@ -203,6 +217,7 @@ def main() -> None:
         prevent_thread_lock=True,
     )
     sessions.install(demo, ctx.gate)
+    ctx.trainer.live = sessions.live  # a trained model whose pages are gone counts against no address
     if host == ALL_INTERFACES:
         print(f"* Serving on all interfaces: http://{_address()}:{demo.server_port}/ from other machines")
     demo.block_thread()

@@ -567,3 +567,18 @@ def test_pull_through_olah_mirror_serving_a_local_repo_offline(hf_home, run_dir,
         server.terminate()
         server.wait(timeout=30)
         log.close()
+
+
+def test_push_offline_or_to_a_dead_hub_says_what_happened(hf_home, monkeypatch):
+    """Issue 66: a push while HF_HUB_OFFLINE is set, or to a Hub nobody answers at, is a ``HubError`` sentence
+    (huggingface_hub's ``OfflineModeIsEnabled`` and httpx's connection errors escaped before: the app's page got
+    ``{"error": null}`` and the log a traceback)."""
+    model = _model()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(HubError, match=r"could not push to alice/x: HF_HUB_OFFLINE is set"):
+        push_to_hub(model, "alice/x", token=TOKEN)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    _use_endpoint(monkeypatch, f"http://127.0.0.1:{free_port()}")  # nobody listens there
+    monkeypatch.setattr(hf_http, "time", types.SimpleNamespace(sleep=lambda seconds: None))
+    with pytest.raises(HubError, match=r"could not push to alice/x: the Hub at http://127.0.0.1:\d+ could not be"):
+        push_to_hub(model, "alice/x", token=TOKEN)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 import time
 import types
 from pathlib import Path
@@ -20,9 +22,10 @@ from tests.test_train_tab import ctx, make_zip, public_ctx, two_classes  # noqa:
 from webapp.jobs.trainer import GRACE_S, Trainer, TrainingBusy, zip_run
 from webapp.jobs.trainset import Limits, Stopped, decode_folder, from_zip
 from webapp.registry.access import NOT_YOURS, Caller, ModelError, caller, calling
+from webapp.registry.catalog import ROOT
 from webapp.server import tempfiles
 from webapp.server.sessions import Sessions
-from webapp.tabs import train
+from webapp.tabs import batch, train
 from webapp.ui.endpoints import Context
 
 
@@ -76,6 +79,11 @@ def test_a_folder_of_other_things_is_no_class_and_not_counted_as_one(tmp_path):
     alone = {"c0/1.png": _png(40), "c0/2.png": _png(40)} | {f"_other/{i}.png": _png(40) for i in range(3)}
     with pytest.raises(ValueError, match="at least 2 class folders"):
         from_zip(make_zip(tmp_path / "q.zip", alone), tmp_path / "e", Limits(10, 2, 1, 1))
+    # issue 66: only photos of other things: told it needs two classes, not "no photos ... every one was skipped"
+    only = {f"_other/{i}.png": _png(40) for i in range(12)}
+    with pytest.raises(ValueError, match=r"at least 2 class folders .* found 0; the 12 photos in _other") as e:
+        from_zip(make_zip(tmp_path / "o.zip", only), tmp_path / "f", Limits(20, 2, 1, 1))
+    assert "skipped" not in str(e.value)
 
 
 def test_cancel_stops_a_job_while_it_decodes(ctx, tmp_path):  # noqa: F811
@@ -178,6 +186,40 @@ def test_what_training_holds_is_capped_per_address_and_in_all(public_ctx, monkey
     with pytest.raises(TrainingBusy, match="disk is nearly full"):
         trainer.start("s4", 1)
     models.forget(trained.value)
+
+
+OTHER_SERVER = """
+import os, sys, time
+from webapp.server import tempfiles
+csv = tempfiles.process_folder() / "batch" / "x" / "predictions.csv"
+csv.parent.mkdir(parents=True)
+csv.write_text("file")
+old = time.time() - 7200
+for path in (csv.parent, csv):
+    os.utime(path, (old, old))
+print(csv, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_each_server_sweeps_only_its_own_folders():
+    """Issue 66: every public server swept the shared ``<tmp>/vit_core_app``, so a second one deleted a live one's
+    Batch CSVs. Now each keeps its files in its own folder: another live server's start-up sweep and its Batch
+    sweep (CSVs over ``CSV_TTL_S``) leave them, and they go only once that server is dead."""
+    other = subprocess.Popen(
+        [sys.executable, "-c", OTHER_SERVER], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        theirs = Path(other.stdout.readline().strip())
+        assert theirs.is_file()
+        tempfiles.sweep_dead_folders(tempfiles.PROCESS_PREFIX)  # this server's start
+        mine = batch.write_csv([], ["a", "b"], 1)  # this server's Batch, sweeping its old CSVs
+        assert theirs.is_file() and mine.parents[2] == tempfiles.process_folder() != theirs.parents[2]
+    finally:
+        other.stdin.close()
+        other.wait()
+        other.stdout.close()
+    assert not theirs.exists()  # it exited normally: its folder went with it
 
 
 # ------------------------------------------------------------------------------------ whose

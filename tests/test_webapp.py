@@ -5,6 +5,7 @@ keeps its results fresh (tickets), numbers layers, labels colour bars and shows 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import struct
@@ -60,8 +61,14 @@ def _photo(tmp_path: Path, size=(90, 60), name="photo.png") -> str:
     return str(path)
 
 
+@functools.cache
+def _model_of(kind: str) -> vit_core.VisionTransformer:
+    """One model per kind, held for the session (an ``Analysis`` refers to its model weakly: its owner keeps it)."""
+    return _model(**MODELS[kind])
+
+
 def _analysis(tmp_path: Path, kind: str, size=(90, 60)) -> Analysis:
-    model = _model(**MODELS[kind])
+    model = _model_of(kind)
     return analyse(model, build_transform(model.pretrained_cfg), kind, _photo(tmp_path, size), CPU)
 
 
@@ -143,15 +150,15 @@ def test_analyses_are_cached_by_content_and_bounded(tmp_path):
     assert analyse(model, tf, "other model", _photo(tmp_path, name="a.png"), CPU) is not first
     cache = AnalysisCache(max_entries=2)
     for i in range(3):
-        cache.get_or_compute(("m", str(i)), lambda: first)
+        cache.get_or_compute(("m", str(i)), model, lambda: first)
     assert list(cache._items) == [("m", "1"), ("m", "2")]
     tiny = AnalysisCache(max_bytes=1)  # always keeps the newest, whatever its size
-    tiny.get_or_compute(("m", "0"), lambda: first)
-    tiny.get_or_compute(("m", "1"), lambda: first)
+    tiny.get_or_compute(("m", "0"), model, lambda: first)
+    tiny.get_or_compute(("m", "1"), model, lambda: first)
     assert list(tiny._items) == [("m", "1")]
     two = AnalysisCache(max_bytes=2 * first.nbytes())  # the oldest dropped until the rest fit
     for i in range(4):
-        two.get_or_compute(("m", str(i)), lambda: first)
+        two.get_or_compute(("m", str(i)), model, lambda: first)
     assert list(two._items) == [("m", "2"), ("m", "3")]
 
 

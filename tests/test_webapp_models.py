@@ -5,6 +5,7 @@ may load, what it may cost, how the cache is bounded and keyed, and what people 
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import logging
@@ -16,6 +17,7 @@ import socket
 import threading
 import time
 import tracemalloc
+import weakref
 import zipfile
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from tests.rss import rss_mb
 from vit_core.models.cost import state_shapes
 from webapp import resources
 from webapp.errors import public
+from webapp.inference import analysis
 from webapp.registry import access, models, options
 from webapp.registry.catalog import AUTO, BUNDLED, BUNDLED_LABEL, CURATED, ROOT, imagenet_names
 from webapp.registry.models import Models
@@ -343,6 +346,29 @@ def test_the_cache_is_bounded_by_count_and_bytes_least_recently_used_first(tmp_p
     model, transform = tight.loaded(folders[0])
     assert (model, transform) == tight.get(folders[0])
     assert Models(CPU, Options(public=True)).loaded("/etc") is None  # refused: None, not an error
+
+
+def test_a_model_evicted_or_forgotten_is_freed_whatever_the_analyses_cached(tmp_path):
+    """Issue 66: with ``max_loaded=2``, 8 models loaded and each analysing an image left 8 of 8 model objects alive
+    (each cached ``Analysis`` held its model). Counted with weak references: at most the two loaded and the one a
+    request holds; a model loaded again gets its image analysed anew (its old analysis is not answered)."""
+    folders = [str(_checkpoint(tmp_path / f"m{i}")) for i in range(8)]
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(photo)
+    m = Models(CPU, Options(max_loaded=2, allow_any=True))
+    m.set_default(folders[0])
+    refs = []
+    for f in folders:
+        model, transform = m.get(f, wait=30)
+        a = analysis.analyse(model, transform, m.key_of(f), str(photo), CPU)
+        assert a.model is model
+        refs.append(weakref.ref(model))
+        del model, a
+    gc.collect()
+    assert sum(r() is not None for r in refs) <= 3, [r() is not None for r in refs]
+    again, transform = m.get(folders[1], wait=30)
+    a = analysis.analyse(again, transform, m.key_of(folders[1]), str(photo), CPU)
+    assert a.model is again
 
 
 def test_a_slow_load_does_not_hold_up_other_requests(hub, monkeypatch):

@@ -18,6 +18,10 @@ chunked, three 300 MB model choices; one /batch listing 200 times a zip whose en
 traceback each (cut-off uploads, values of the wrong type, too few values, unknown fn_index); 20 uploads cut off
 at 10 of 20 MB; 100 compare requests from one address under forged X-Forwarded-For addresses; URLs as images.
 
+Round four (``bench/hostile/round4.py``, issue 66; ``--only round4``): 20,000 idle connections from one address,
+8 models through ``max_loaded=2``, the server SIGKILLed mid-job and restarted, a worker stopped with SIGSTOP, a zip
+of only ``_other`` photos and an offline Hub push.
+
 Round three (``bench/hostile/round3.py``, issue 57; ``--only round3`` runs it alone): a 2,000 x 36 MP PNG zip to
 /train; Cancel while a job decodes 100 36 MP PNGs; the smallest training set (2 classes of 2 photos); ten jobs of
 mixed kinds then a restart (what training holds, ``vit-train-*`` folders left); 20 new sessions a second from one
@@ -44,7 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import attacks, load, round3
+from . import attacks, load, round3, round4
 from .attacks import INNOCENT
 from .inputs import Inputs
 from .load import Row, settings
@@ -55,14 +59,19 @@ LOG_TARGET = 300  # bytes per hostile request
 STALE_FILES = 1000
 
 
-def _plant_stale(folder: Path) -> None:
-    """What a killed process leaves: hashed upload folders and ``tmp*`` files, an hour old."""
+def _plant_stale(root: Path) -> None:
+    """What a killed app process leaves in its own folder (``tempfiles.process_folder``: ``vit-app-*``, its lock
+    file no longer held): hashed upload folders and ``tmp*`` files, an hour old."""
     old = time.time() - 3600
+    folder = root / "vit-app-killed" / "gradio"
+    folder.mkdir(parents=True)
+    (root / "vit-app-killed" / ".in-use").touch()
     for i in range(STALE_FILES):
         path = folder / (f"tmp{i:05d}" if i % 2 else f"{i:064x}/photo.jpg")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(bytes(27_000))
         os.utime(path, (old, old))
+    os.utime(root / "vit-app-killed", (old, old))
 
 
 def _cases(raw: Raw, app: App, inputs: Inputs, args: argparse.Namespace) -> list:
@@ -86,6 +95,7 @@ def _cases(raw: Raw, app: App, inputs: Inputs, args: argparse.Namespace) -> list
         ("100 compares under forged X-Forwarded-For", lambda row: attacks.case_spoofed(raw, inputs, row), True),
         ("an http URL as the image", lambda row: attacks.case_url(raw, inputs, row), False),
         *[(f"round3: {name}", case, burst) for name, case, burst in _round3(raw, inputs)],
+        *[(f"round4: {name}", case, burst) for name, case, burst in round4.cases(raw, inputs)],
     ]
 
 

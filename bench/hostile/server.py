@@ -136,8 +136,9 @@ class App:
         return self.log.stat().st_size
 
     def partial_files(self) -> list[Path]:
-        """Gradio's temporary upload files (``tmp*``) in the upload folder: what cut-off uploads leave."""
-        return list(self.gradio_tmp.glob("tmp*"))
+        """Gradio's temporary upload files (``tmp*``) in the app's upload folders (each process's own,
+        ``tempfiles.process_folder``): what cut-off uploads leave."""
+        return list(self.gradio_tmp.glob("vit-app-*/gradio/tmp*"))
 
     @property
     def alive(self) -> bool:

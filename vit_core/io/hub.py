@@ -2,28 +2,28 @@
 
 ``from_pretrained(name)`` resolves, in order:
 
-1. a local folder: ours or timm's (``config.json`` with ``architecture`` + ``model.safetensors``), or one
-   written by transformers (``config.json`` with ``model_type: "vit"``, converted on load);
+1. a local folder: ours or timm's (``config.json`` with ``architecture`` + ``model.safetensors``), or one written by
+   transformers (``config.json`` with ``model_type: "vit"``, converted on load);
 2. a local ``.npz`` file of the original JAX release (google-research/vision_transformer);
-3. a Hub repo ``owner/name`` (also ``hf-hub:owner/name``, ``owner/name@revision`` and
-   ``owner/name/file.npz``): ``config.json`` is fetched first and says which layout the weights are in;
-   a repo without one loads its single ``.npz`` file.
+3. a Hub repo ``owner/name`` (also ``hf-hub:owner/name``, ``owner/name@revision`` and ``owner/name/file.npz``):
+   ``config.json`` is fetched first and says which layout the weights are in; a repo without one loads its single
+   ``.npz`` file.
 
-Weights are read from safetensors or npz. A repo that only has a pickled ``pytorch_model.bin`` is read
-with ``torch.load(weights_only=True)``, which rebuilds tensors and plain containers and nothing else;
-a pickle that needs more (arbitrary objects, i.e. arbitrary code) is refused. Before the weights are
-downloaded, ``config.json`` is validated and the model it declares held to the size limits
-(``max_params``, ``max_activation_bytes``); before they are read, the file's header is checked against it
-(``vit_core.io.checkpoint.load_model``, the one path every loader ends in).
+Weights are read from safetensors or npz. A repo that only has a pickled ``pytorch_model.bin`` is read with
+``torch.load(weights_only=True)``, which rebuilds tensors and plain containers and nothing else; a pickle that needs
+more (arbitrary objects, i.e. arbitrary code) is refused. Before the weights are downloaded, ``config.json`` is
+validated and the model it declares held to the size limits (``max_params``, ``max_activation_bytes``); before they
+are read, the file's header is checked against it (``vit_core.io.checkpoint.load_model``, the one path every loader
+ends in).
 
-Downloads go through huggingface_hub and its cache (``HF_HOME`` / ``HF_HUB_CACHE``), so the standard
-variables apply: ``HF_HUB_OFFLINE=1`` loads cached repos without any network call, ``HF_ENDPOINT`` points
-at a mirror, ``HF_TOKEN`` authenticates for private and gated repos. Tokens are handed to
-huggingface_hub and nowhere else: never printed, logged or written to disk by this module.
+Downloads go through huggingface_hub and its cache (``HF_HOME`` / ``HF_HUB_CACHE``), so the standard variables apply:
+``HF_HUB_OFFLINE=1`` loads cached repos without any network call, ``HF_ENDPOINT`` points at a mirror, ``HF_TOKEN``
+authenticates for private and gated repos. Tokens are handed to huggingface_hub and nowhere else: never printed,
+logged or written to disk by this module.
 
-Code that judges a repo before loading it (the app's ``webapp.sizing`` and ``webapp.models``) asks here as
-well: ``file_sizes`` (the repo's file listing), ``download`` (one file, e.g. ``config.json``) and ``answers``
-(one request, no retries). No other module of the project lists, downloads from or uploads to the Hub.
+Code that judges a repo before loading it (the app's ``webapp.sizing`` and ``webapp.models``) asks here as well:
+``file_sizes`` (the repo's file listing), ``download`` (one file, e.g. ``config.json``) and ``answers`` (one request,
+no retries). No other module of the project lists, downloads from or uploads to the Hub.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import torch
 from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token, hf_hub_download, try_to_load_from_cache
 from huggingface_hub.errors import (
@@ -45,6 +46,7 @@ from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
     LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
@@ -58,6 +60,7 @@ from .files import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, read_header, read
 from .model_card import prepare_upload
 
 PICKLED_WEIGHTS_NAME = "pytorch_model.bin"
+UNREACHABLE = (OfflineModeIsEnabled, ConnectionError, TimeoutError, httpx2.TransportError)  # huggingface_hub's client
 CHECKPOINT_FILES = (CONFIG_NAME, WEIGHTS_NAME, PICKLED_WEIGHTS_NAME)  # what a checkpoint folder is read from
 LIBRARY = "vit_core"
 _NAME = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?"  # a Hub user or repo name: no leading/trailing '.' or '-'
@@ -71,9 +74,6 @@ Fetch = Callable[..., Path | None]  # fetch(filename, optional=False) -> local p
 
 class HubError(CheckpointError):
     """A Hub repo that cannot be reached, found, read or written: the message says why and what to do."""
-
-
-# ------------------------------------------------------------------------------------ loading
 
 
 def from_pretrained(
@@ -334,18 +334,23 @@ def _hub_errors(repo_id: str, revision: str | None, token: str | None) -> Iterat
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else "?"
         msg = f"{repo_id}: the Hub at {endpoint} answered {status}: {e.server_message or e}"
+    except UNREACHABLE as e:  # offline mode, a refused or dropped connection, a timeout
+        msg = f"{repo_id}: {_unreachable(e)}"
     else:
         return
     raise HubError(_redact(msg, token))
+
+
+def _unreachable(e: BaseException) -> str:
+    if isinstance(e, OfflineModeIsEnabled):
+        return "HF_HUB_OFFLINE is set on this machine, so the Hub is not contacted; unset it to reach the Hub."
+    return f"the Hub at {constants.ENDPOINT} could not be reached ({type(e).__name__}); check the network, then retry."
 
 
 def _redact(text: str, token: str | None) -> str:
     for secret in {token, get_token()} - {None, ""}:
         text = text.replace(secret, "***")
     return text
-
-
-# ------------------------------------------------------------------------------------ publishing
 
 
 def push_to_hub(
@@ -384,6 +389,8 @@ def push_to_hub(
             hint = " (the token needs write access to that namespace)" if status in (401, 403) else ""
             msg = f"could not push to {repo_id}: the Hub answered {status}{hint}: {e.server_message or e}"
             raise HubError(_redact(msg, token)) from None
+        except UNREACHABLE as e:
+            raise HubError(_redact(f"could not push to {repo_id}: {_unreachable(e)}", token)) from None
         except ValueError as e:  # the Hub rejected the card's metadata (e.g. an unknown --license)
             raise HubError(_redact(f"could not push to {repo_id}: {e}", token)) from None
     return info.commit_url

@@ -16,6 +16,10 @@ renames leaves files that are one epoch behind the checkpoint, which ``stale_fil
 epoch each records, and a resume rewrites them from the checkpoint. ``prepare`` removes the temporary
 files a killed run leaves behind. A new run starts only in an empty folder, unless told to overwrite; even
 then nothing here deletes a file that a run does not write.
+
+A run is **complete** (``is_complete``) once it holds its weights, its calibration (config.json's section) and
+its model card (``README.md``, written last by ``vit_core.finetune.finish_run``): what an app offers to load, so
+that a run killed mid-way (its weights and checkpoint written every epoch) is never taken for a finished one.
 """
 
 from __future__ import annotations
@@ -56,6 +60,19 @@ Writer = Callable[[IO[bytes]], Any]
 
 class DiskFullError(OSError):
     """A run or evaluation file could not be written because its disk is full (or over quota)."""
+
+
+CARD_NAME = "README.md"  # the model card, the last file a finished fine-tune writes
+
+
+def is_complete(out: Path) -> bool:
+    """Whether the run folder ``out`` is finished: its weights, its calibration and its model card are there."""
+    if not ((out / WEIGHTS_NAME).is_file() and (out / CARD_NAME).is_file()):
+        return False
+    try:
+        return isinstance(json.loads((out / CONFIG_NAME).read_text()).get("calibration"), dict)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def check_out(out: Path, *, resume: bool, overwrite: bool) -> None:

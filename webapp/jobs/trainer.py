@@ -24,12 +24,12 @@ stay under ``MAX_HELD_BYTES`` in all and ``MAX_HELD_PER_ADDRESS`` per address, w
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,18 +38,20 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import gradio as gr
 
 from vit_core.io.files import CHECKPOINT_NAME
+from vit_core.training.run_folder import is_complete
 
 from ..errors import log
 from ..registry.access import PRIVATE_PREFIX, Trained, caller
 from ..registry.catalog import ROOT
 from ..registry.models import Models
 from ..resources import MIN_FREE_DISK
-from ..server.tempfiles import process_folder
-from .worker import REFUSED
+from ..server.tempfiles import UNLOCKED_STALE_S, process_folder
+from .worker import REFUSED, SILENT_S, Process
 
 TTL_S = 3600.0  # a public server keeps a visitor's trained model this long
 GRACE_S = 180.0  # beyond its budget, a job may take this long before it is killed (its budget covers all it does)
@@ -59,6 +61,7 @@ ZIP_SKIPPED = {CHECKPOINT_NAME}  # the optimizer's state: twice the model, and o
 # the estimate of its calibration missed; 30 s until this server has seen a job end, then the longest it measured
 OVERRUN_S = 30.0
 FOLDER_PREFIX = "train-"
+RUN_PREFIX = "app-"  # a run folder the app trained: ``app-<date>-<time>-<job>``
 GB = 1 << 30
 # What training may hold on a public server's disk: the run folders it serves (an hour each) and the running job's
 # folder. One job writes at most ``JOB_RESERVE`` (a ViT-B/16 run folder is about 350 MB, the photos at most 250).
@@ -84,6 +87,7 @@ class Job:
     address: str | None = None  # the starting caller's (None: started from Python)
     registered: bool = False  # its model is served: its run folder outlives the job
     stop_file: Path = field(init=False)
+    lock: IO[str] | None = None  # held while the job writes its run folder under runs/ (``sweep_crashed``)
 
     def __post_init__(self) -> None:
         self.stop_file = self.folder / "stop"
@@ -118,12 +122,17 @@ class Trainer:
         self.capped = ttl is not None  # what training holds is capped (a public server's)
         self.overrun_s = OVERRUN_S
         self.root = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX, dir=process_folder()))  # the jobs' folders
+        self.silent_s = SILENT_S  # a training process silent this long is ended (``worker.Process``)
+        # whether a session's page is alive (its state kept): the server's ``Sessions.live``; every one by default
+        self.live: Callable[[str], bool] = lambda session: True
 
     @classmethod
     def for_server(cls, models: Models) -> Trainer:
         """A server's trainer: run folders in the project's ``runs/``, kept, locally; on a public server in a
         temporary folder, deleted after ``TTL_S``."""
         public = models.options.public
+        if not public:
+            sweep_crashed(ROOT / "runs")
         return cls(models, None if public else ROOT / "runs", TTL_S if public else None)
 
     # ------------------------------------------------------------------------ the one job slot
@@ -142,8 +151,10 @@ class Trainer:
             folder = self.root / secrets.token_hex(8)
             folder.mkdir()
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
-            out = (self.runs or folder) / f"app-{stamp}-{folder.name[:4]}"
-            self._job = Job(session, folder, minutes, self.clock(), out, address)
+            out = (self.runs or folder) / f"{RUN_PREFIX}{stamp}-{folder.name[:4]}"
+            self._job = Job(
+                session, folder, minutes, self.clock(), out, address, lock=_hold(out) if self.runs else None
+            )
             return self._job
 
     def left(self, job: Job) -> float:
@@ -154,15 +165,27 @@ class Trainer:
         return min(max(end, now) + self.overrun_s, end + GRACE_S) - now
 
     def _check_room(self, address: str | None) -> None:
+        """Room for one more job: on the disk, and on a public server in what training holds. A model none of
+        whose pages is alive any more (``live``: its sessions' state expired, a REST call's at once) counts
+        against no address, and is the first deleted when the server's total needs room (a reload within the
+        hour, which brings a page back, finds it while room allows)."""
         free = shutil.disk_usage(self.root).free
         if free - JOB_RESERVE < MIN_FREE_DISK:
             raise TrainingBusy("The server's disk is nearly full; try again later.")
         if not self.capped:
             return
-        held = {t.out: t.address for t in self.models.trained.created_before(math.inf)}
-        sizes = {out: _bytes(out) for out in held}
-        mine = sum(n for out, n in sizes.items() if held[out] == address)
-        if sum(sizes.values()) + JOB_RESERVE > MAX_HELD_BYTES:
+        held = self.models.trained.created_before(math.inf)  # oldest first
+        sizes = {t.value: _bytes(t.out) for t in held}
+        reachable = {t.value for t in held if any(self.live(s) for s in t.reloads | {t.session})}
+        total = sum(sizes.values())
+        for t in held:
+            if total + JOB_RESERVE <= MAX_HELD_BYTES:
+                break
+            if t.value not in reachable:
+                self._delete(t)
+                total -= sizes[t.value]
+        mine = sum(sizes[t.value] for t in held if t.address == address and t.value in reachable)
+        if total + JOB_RESERVE > MAX_HELD_BYTES:
             raise TrainingBusy("This server holds as many trained models as it can; try again later.")
         if mine + JOB_RESERVE > MAX_HELD_PER_ADDRESS:
             raise TrainingBusy(
@@ -187,6 +210,9 @@ class Trainer:
             for path in job.folder.iterdir():
                 if path.resolve() != keep:
                     shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+        if job.lock is not None:
+            _lock_file(job.out).unlink(missing_ok=True)
+            job.lock.close()
         with self._lock:
             if self._job is job:
                 self._job = None
@@ -206,8 +232,10 @@ class Trainer:
     def run(self, job: Job, init: str, image_size: int | None, strategy: str = "auto") -> Iterator[dict]:
         """Train in a process of its own, yielding its reports (``Progress`` fields, then ``{"result": ...}``);
         ``strategy``: ``finetune_folder``'s (the app's is "auto"; a benchmark forces the others).
-        A process that outlives its budget and ``GRACE_S`` is killed; so is one whose reader stops (the page
-        closed: the generator is closed). ``RuntimeError`` when it fails (its log goes to the server's)."""
+        A process that outlives its budget and ``GRACE_S`` is killed; so is one silent for ``silent_s`` (stopped,
+        hung: told in the ``RuntimeError``), one whose reader stops (the page closed: the generator is closed), and
+        one whose server dies (``worker.Process``). ``RuntimeError`` when it fails (its log goes to
+        the server's)."""
         spec = dict(
             data=str(job.data),
             init=init,
@@ -218,36 +246,35 @@ class Trainer:
             stop_file=str(job.stop_file),
             strategy=strategy,
         )
-        (job.folder / "job.json").write_text(json.dumps(spec))
+        (job.folder / "job.json").write_text(json.dumps(spec | {"heartbeat_s": self.silent_s / 4}))
         env = os.environ | {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
         command = [sys.executable, "-m", "webapp.jobs.worker", str(job.folder / "job.json")]
-        with (job.folder / "log.txt").open("wb") as stderr:
-            proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
-        timer = threading.Timer(60 * job.minutes + GRACE_S, proc.kill)
-        timer.start()
+        deadline = time.monotonic() + 60 * job.minutes + GRACE_S
+        proc = Process(command, cwd=ROOT, env=env, log=job.folder / "log.txt", silent=self.silent_s, deadline=deadline)
         refusal = None
         try:
-            for line in proc.stdout:
-                report = json.loads(line)
+            for report in proc.reports():
                 if "peak_bytes" in report:
                     log.info("training job: the process's peak RSS %.0f MB", report["peak_bytes"] / 2**20)
                 if "error" in report:
                     refusal = str(report["error"])
                     continue
                 yield report
-            if proc.wait() == REFUSED and refusal is not None:
+            if proc.proc.wait() == REFUSED and refusal is not None:
                 log.info("training job refused: %s", refusal)
                 raise RuntimeError(refusal)
-            if proc.returncode != 0:
+            if proc.silenced:
+                log.error("training job: its process was silent for %.0f s, and was ended", self.silent_s)
+                raise RuntimeError(
+                    f"The training process stopped answering for {self.silent_s:.0f} s and was ended; nothing of "
+                    "it was kept. Try again."
+                )
+            if proc.proc.returncode != 0:
                 tail = (job.folder / "log.txt").read_text(errors="replace")[-4000:]
-                log.error("training job failed (exit %s):\n%s", proc.returncode, tail)
+                log.error("training job failed (exit %s):\n%s", proc.proc.returncode, tail)
                 raise RuntimeError("training failed (logged on the server)")
         finally:
-            timer.cancel()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
+            proc.end()
 
     # ------------------------------------------------------------------------ the trained models
 
@@ -281,10 +308,14 @@ class Trainer:
             return []
         old = self.models.trained.created_before(self.clock() - self.ttl)
         for t in old:
-            self.models.forget(t.value)
-            shutil.rmtree(t.out.parent if t.out.parent.parent == self.root else t.out, ignore_errors=True)
-            shutil.rmtree(self.shown_folder(t.out), ignore_errors=True)
+            self._delete(t)
         return [t.value for t in old]
+
+    def _delete(self, t: Trained) -> None:
+        """Serve ``t`` no longer, unload it and remove its folders."""
+        self.models.forget(t.value)
+        shutil.rmtree(t.out.parent if t.out.parent.parent == self.root else t.out, ignore_errors=True)
+        shutil.rmtree(self.shown_folder(t.out), ignore_errors=True)
 
     def _start_sweeper(self) -> None:
         if self.ttl is None or self._sweeper is not None:
@@ -311,6 +342,47 @@ def zip_run(out: Path, dest: Path) -> Path:
                 zf.write(path, f"{out.name}/{path.name}")
     part.replace(dest)
     return dest
+
+
+def _lock_file(out: Path) -> Path:
+    return out.with_name(f".{out.name}.in-use")
+
+
+def _hold(out: Path) -> IO[str]:
+    """Under runs/: a shared lock beside the run folder ``out``, held while its job runs (the kernel drops it when
+    the server dies), so that a later server's ``sweep_crashed`` tells a live job's folder from a dead one's."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = _lock_file(out).open("a")
+    fcntl.flock(lock, fcntl.LOCK_SH)
+    return lock
+
+
+def sweep_crashed(runs: Path) -> list[str]:
+    """At a local server's start: remove the run folders of the app's jobs (``app-*`` under ``runs``) that are
+    not complete (``run_folder.is_complete``) and whose job's lock no live server holds: what a server killed
+    mid-job left (the picker never lists them either). A folder without its lock (an older version's) is
+    removed when untouched for ``UNLOCKED_STALE_S``. Returns the names removed."""
+    removed = []
+    for out in sorted(runs.glob(f"{RUN_PREFIX}*")) if runs.is_dir() else []:
+        lock = _lock_file(out)
+        try:
+            if not out.is_dir() or out.is_symlink() or is_complete(out):
+                continue
+            if not lock.exists():
+                if out.stat().st_mtime < time.time() - UNLOCKED_STALE_S:
+                    shutil.rmtree(out)
+                    removed.append(out.name)
+                continue
+            with lock.open("r") as held:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: a live server's job
+                shutil.rmtree(out)
+                lock.unlink()
+            removed.append(out.name)
+        except OSError:
+            continue
+    if removed:
+        log.info("removed %d half-written runs that crashed jobs left: %s", len(removed), ", ".join(removed))
+    return removed
 
 
 def _bytes(folder: Path) -> int:

@@ -209,13 +209,15 @@ def _checked(found: TrainSet, min_per_class: int, declared: tuple[int, int] | No
     entries = declared[0] if declared is not None else None
     if not found.counts and entries == 0:
         raise ValueError("The zip is empty: put one folder of photos per class in it (ants/1.jpg, bees/7.jpg, …).")
-    if not found.counts and entries and not found.skipped:
+    if not found.counts and entries and not found.skipped and not found.others:
         raise ValueError(
             f"The zip holds {entries:,} {'file' if entries == 1 else 'files'} but no photos (JPEG, PNG, WebP, …): "
             "every one was skipped. Put one folder of photos per class in it."
         )
     if len(found.counts) < 2:
         hint = f" ({found.skipped[0]})" if found.skipped else ""
+        if found.others:  # photos of none of the classes only set where "none of my classes" starts
+            hint += f"; the {found.others:,} photos in {OTHER_FOLDER} are of none of the classes, so they make none"
         raise ValueError(
             f"The zip must hold at least 2 class folders of images (class/photo.jpg); found {len(found.counts)}{hint}."
         )

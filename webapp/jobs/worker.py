@@ -16,39 +16,63 @@ process's peak RSS (``peak_bytes``), which the Train tab's memory estimate bound
 A process of its own rather than a thread of the server (``webapp.jobs.trainer``): torch's thread count is
 process-wide (``torch.set_num_threads`` in a thread would slow every other visitor's Classify), a process's
 memory goes back to the system when it ends, and a crash or a kill takes the job only.
+
+**Tied to its server** (``Process``, the server's side): the process is killed with its server, however the server
+dies (Linux's parent-death signal, ``PR_SET_PDEATHSIG``, set between fork and exec; it fires when the thread that
+started the process ends, so a thread of ``Process`` starts it and lives as long as it does), so that no job runs on
+after a restart beside the next one, nor writes into folders the restart swept (an orphan ran 73-100 s before, up to
+its budget). It reports at least every ``heartbeat_s`` (a thread of its own, even while a step takes long); the
+server ends one silent for ``SILENT_S`` (a stopped or hung process: trusted for 192 s before) and says so.
+A full disk is told as such (``DiskFull``), not as a failure.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import errno
+import functools
 import json
 import os
 import resource
+import signal
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
 from vit_core.finetune import Progress, finetune_folder
 from vit_core.finetune.budget import BudgetTooShort
+from vit_core.training.run_folder import DiskFullError
 from webapp.jobs.trainset import Stopped, decode_folder
 from webapp.resources import release_memory
 
 REFUSED = 3  # the exit status of a job refused with a sentence (its ``{"error": ...}`` line)
 MIN_TRAIN_S = 1.0  # less than this left of the budget after decoding: nothing worth training
+HEARTBEAT_S = 5.0  # the process reports at least this often
+SILENT_S = 20.0  # a process silent this long after a report is ended (a stopped or hung one)
+START_S = 120.0  # ... and before its first report (its interpreter and torch start within it)
+DISK_FULL = "The server's disk filled up while training, so nothing was kept; try again later."
 
 
 def main(job_file: str) -> None:
     reports = os.fdopen(os.dup(1), "w")  # the reports' own pipe; whatever else is printed goes to the log
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    lock = threading.Lock()
 
     def _emit(record: dict) -> None:
-        reports.write(json.dumps(record) + "\n")
-        reports.flush()
+        with lock:
+            reports.write(json.dumps(record) + "\n")
+            reports.flush()
 
     job = json.loads(Path(job_file).read_text())
+    beat = job.get("heartbeat_s", HEARTBEAT_S)
+    threading.Thread(target=_heartbeat, args=(_emit, beat), daemon=True, name="heartbeat").start()
     torch.set_num_threads(job["threads"])
     stop = Path(job["stop_file"])
     deadline = time.time() + 60 * job["minutes"]  # the budget from here: decoding, training, calibration, writing
@@ -64,6 +88,8 @@ def main(job_file: str) -> None:
             raise ValueError("Reading the photos took the whole time budget: send smaller photos, or fewer.")
     except (Stopped, ValueError) as e:
         refuse(e)
+    except OSError as e:
+        refuse(DiskFull(DISK_FULL) if _disk_full(e) else e)
     release_memory()  # decoding's freed pages go back before the model comes: their peaks do not add up
     try:
         result = finetune_folder(
@@ -80,10 +106,29 @@ def main(job_file: str) -> None:
         )
     except BudgetTooShort as e:
         refuse(e)
+    except OSError as e:  # the run folder's own (``DiskFullError``), or any other write that found no room
+        if not _disk_full(e):
+            raise
+        refuse(DiskFull(DISK_FULL))
     fields = ("complete", "classes", "train_images", "val_images", "val_accuracy", "temperature", "ood_threshold")
     fields += ("steps", "strategy", "strategy_reason", "details")  # details: for the result page (held_out.py)
     _emit({"result": {name: getattr(result, name) for name in fields}, "peak_bytes": peak_bytes()})
     _exit(0)
+
+
+class DiskFull(Exception):
+    """The disk filled up during the job: the sentence the visitor is shown (the log has the file's path)."""
+
+
+def _disk_full(e: OSError) -> bool:
+    return isinstance(e, DiskFullError) or e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _heartbeat(emit: Callable[[dict], None], every: float) -> None:
+    """Report that the process lives every ``every`` seconds (a long step reports nothing meanwhile)."""
+    while True:
+        time.sleep(every)
+        emit({"alive": True})
 
 
 def _exit(status: int) -> None:
@@ -105,6 +150,74 @@ def peak_bytes() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# --------------------------------------------------------------------------------- the server's side
+
+
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None  # prctl(2)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with(parent: int) -> None:
+    """In the child, between fork and exec: be killed when the thread that started it ends (its server died)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the server died before the signal was asked for
+        os._exit(1)
+
+
+class Process:
+    """The training process, as its server runs it: started by a thread of its own that lives as long as it does
+    (the parent-death signal's), which also ends it when it is silent for ``silent`` seconds after a report
+    (``START_S`` before the first) or runs past ``deadline`` (``time.monotonic``). ``reports()`` yields its
+    lines parsed, the heartbeats left out; ``silenced`` says whether it was ended for its silence."""
+
+    def __init__(self, command: list[str], *, cwd: Path, env: dict, log: Path, silent: float, deadline: float) -> None:
+        self.silent, self.deadline, self.silenced = silent, deadline, False
+        self.last: float | None = None  # when it last reported
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        args = (command, cwd, env, log)
+        threading.Thread(target=self._own, args=args, daemon=True, name="training-process").start()
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _own(self, command: list[str], cwd: Path, env: dict, log: Path) -> None:
+        try:
+            with log.open("wb") as stderr:
+                die = functools.partial(_die_with, os.getpid()) if _PRCTL is not None else None
+                self.proc = subprocess.Popen(
+                    command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, preexec_fn=die
+                )
+        except BaseException as e:  # handed to the caller's thread
+            self._error = e
+            return
+        finally:
+            self._started.set()
+        started = time.monotonic()
+        while self.proc.poll() is None:
+            now = time.monotonic()
+            quiet = now - (self.last or started)
+            if quiet > (self.silent if self.last is not None else START_S) or now > self.deadline:
+                self.silenced = now <= self.deadline
+                self.proc.kill()  # SIGKILL: a stopped process too
+            time.sleep(min(1.0, self.silent / 4))
+
+    def reports(self) -> Iterator[dict]:
+        for line in self.proc.stdout:
+            self.last = time.monotonic()
+            report = json.loads(line)
+            if "alive" not in report:
+                yield report
+
+    def end(self) -> None:
+        """Kill it if it still runs, and close its pipe."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
 
 
 if __name__ == "__main__":

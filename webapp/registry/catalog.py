@@ -13,6 +13,8 @@ from pathlib import Path
 
 from timm.data import ImageNetInfo
 
+from vit_core.training.run_folder import is_complete
+
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = ROOT / "models" / "cifar10_speedrun"
 # The recipes that trained it, in order: its recipe.json is the last one's, stage<i>_recipe.json the earlier ones'.
@@ -50,10 +52,12 @@ AUTO = CURATED[0]  # what --model auto loads when the Hub answers
 
 
 def run_folders() -> list[str]:
-    """Trained runs under runs/ (folders holding a checkpoint), as paths relative to the project."""
+    """The complete runs under runs/ (their weights, calibration and card: ``run_folder.is_complete``), as paths
+    relative to the project: a run a crash left half-written (weights and a checkpoint every epoch, no card) is
+    never offered."""
     runs = ROOT / "runs"
     found = runs.glob("*/config.json") if runs.is_dir() else []
-    return sorted(str(p.parent.relative_to(ROOT)) for p in found if (p.parent / "model.safetensors").is_file())
+    return sorted(str(p.parent.relative_to(ROOT)) for p in found if is_complete(p.parent))
 
 
 @cache

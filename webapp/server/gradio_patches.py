@@ -17,6 +17,8 @@ Gradio's                                                   wrapped by
 ``routes.upload_fn``, ``GradioMultiPartParser.parse``      ``tempfiles.remove_partial_uploads``
 ``StateHolder`` (the sessions' table)                      ``newcomers.Newcomers`` (light, counted sessions;
 ``SessionState.__init__``                                  ``LightState`` copies it but for its configurations)
+``http_server.Server.__init__`` (uvicorn's server, its     ``queueing.Connections`` (its HTTP protocol: header
+configuration)                                             timeout, connection caps)
 =========================================================  ===================================================
 """
 
@@ -28,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
-from gradio import blocks, queueing, route_utils, routes, state_holder
+from gradio import blocks, http_server, queueing, route_utils, routes, state_holder
 
 from ..errors import log
 
@@ -41,6 +43,7 @@ PATCHED = {  # name -> (the function, the first 16 hex digits of its source's SH
     "GradioMultiPartParser.parse": (route_utils.GradioMultiPartParser.parse, "0552b4527b087403"),
     "StateHolder.__getitem__": (state_holder.StateHolder.__getitem__, "eff490951a5ffb81"),
     "SessionState.__init__": (state_holder.SessionState.__init__, "1b2ea21dc42c45da"),
+    "http_server.Server.__init__": (http_server.Server.__init__, "67232d121f0432ec"),
 }
 MARK = "_vit_core_patch"  # set on every wrapper, so that a second install wraps nothing twice
 
@@ -117,3 +120,18 @@ def become(obj: Any, cls: type) -> Any:
     assert isinstance(obj, cls.__mro__[1]), (obj, cls)
     obj.__class__ = cls
     return obj
+
+
+def wrap_server_config(configure: Callable[[Any], None]) -> None:
+    """Gradio's uvicorn server (``http_server.Server``, made by ``launch`` with a ``uvicorn.Config`` of Gradio's
+    choosing) given to ``configure(config)`` before it starts, process-wide."""
+    init = http_server.Server.__init__
+    if _patched(init, "server"):
+        return
+
+    def configured(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        configure(config)
+        init(self, config, *args, **kwargs)
+
+    configured.__wrapped__ = init  # type: ignore[attr-defined]
+    http_server.Server.__init__ = _marked(configured, "server")

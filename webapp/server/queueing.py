@@ -14,6 +14,14 @@ naming another visitor's could stop its training or classify. A cancel that woul
 another address (``client_ip``: the Train tab's Cancel button has the same rule) is refused (403) before Gradio
 reads it.
 
+**Connections that hold nothing for long** (``Connections``, uvicorn's HTTP protocol made to count and time them,
+as nginx's ``client_header_timeout`` and ``limit_conn`` do): a connection must send a request's headers within
+``HEADER_TIMEOUT_S`` of opening or of its last answer, else it is closed; one address group holds at most
+``per_address`` open at once (direct clients only: behind a proxy every connection is the proxy's); all together at
+most ``total``, below the process's file limit (raised to its hard limit first), and when they are all open a
+newcomer takes the place of the connection that has waited longest without a request (so that idle connections can
+never shut a visitor out); a failed ``accept`` is logged once a minute with its count (155 MB of log a minute once).
+
 **Bounded uploads** (``UploadLimits``, with Gradio's own ``max_file_size`` per file). An upload must declare
 its length, at most ``max_bytes`` in all, and leave ``MIN_FREE_DISK`` free on the disk it goes to; it is
 refused from its headers, before a byte of it is read.
@@ -21,23 +29,28 @@ refused from its headers, before a byte of it is read.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
+import logging
 import os
+import resource
 import shutil
 import tempfile
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 from starlette.requests import Request
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from ..errors import log
 from ..resources import MB, MIN_FREE_DISK
 from .bodies import refuse
-from .gradio_patches import wrap_queue_push
+from .gradio_patches import wrap_queue_push, wrap_server_config
 
 # ------------------------------------------------------------------------------------- fair queueing
 
@@ -260,3 +273,125 @@ class UploadLimits:
         if shutil.disk_usage(self.folder).free - int(length) < MIN_FREE_DISK:
             return 507, "The server's disk is nearly full; try again later."
         return None
+
+
+# ------------------------------------------------------------------------------------- connections
+
+HEADER_TIMEOUT_S = 10.0  # a request's headers must arrive within this of the connection's start or its last answer
+MAX_PER_ADDRESS = 128  # open connections per address group (a page uses a few; a busy office's NAT, dozens)
+FD_RESERVE = 512  # file descriptors kept out of ``total`` for the process's own files, pipes and its training job
+ACCEPT_LOG_EVERY_S = 60.0
+
+
+class Connections:
+    """Uvicorn's HTTP connections timed and counted (see the module's docstring); ``install`` before launch."""
+
+    def __init__(self, per_address: int | None = MAX_PER_ADDRESS, total: int | None = None) -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:  # every descriptor the system allows this process (the default soft limit is often 1,024)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.total = min(total or limit, max(16, limit - FD_RESERVE))
+        self.per_address = per_address if proxy_hops() == 0 else None
+        self.header_timeout = HEADER_TIMEOUT_S
+        self.by_group: dict[str, set[Any]] = {}
+        self.idle: OrderedDict[Any, None] = OrderedDict()  # waiting for a request, longest first
+        self.evicted = self.refused = self.count = 0  # ``count``: the connections open
+
+    def install(self) -> None:
+        logging.getLogger("asyncio").addFilter(AcceptErrors())
+        wrap_server_config(lambda config: setattr(config, "http", self.protocol()))  # Gradio's uvicorn.Config
+
+    def admit(self, conn: Any, group: str) -> bool:
+        """Count ``conn``, making room for it; False when its group is at its cap or every connection is busy."""
+        for gone in [c for c in self.by_group.get(group, ()) if c.transport.is_closing()]:  # a WebSocket's, closed
+            self.release(gone)
+        mine = self.by_group.setdefault(group, set())
+        if self.per_address is not None and len(mine) >= self.per_address:
+            self.refused += 1
+            return False
+        if self.count >= self.total:
+            oldest = next(iter(self.idle), None)
+            if oldest is None:
+                self.refused += 1
+                return False
+            self.evicted += 1
+            oldest.transport.abort()  # its connection_lost releases it
+            self.release(oldest)
+        self.by_group.setdefault(group, set()).add(conn)  # anew: the eviction may have emptied it
+        conn.group, self.count = group, self.count + 1
+        return True
+
+    def release(self, conn: Any) -> None:
+        self.idle.pop(conn, None)
+        group = self.by_group.get(getattr(conn, "group", ""), set())
+        if conn in group:
+            group.discard(conn)
+            self.count -= 1
+            if not group:
+                del self.by_group[conn.group]
+
+    def protocol(self) -> type[asyncio.Protocol]:
+        """Uvicorn's HTTP protocol (h11's, or httptools' when installed) with this guard's hooks."""
+        guard = self
+
+        class Guarded(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+            def connection_made(self, transport: Any) -> None:
+                super().connection_made(transport)
+                self.timer: asyncio.TimerHandle | None = None
+                if not guard.admit(self, address_group(self.client[0]) if self.client else "unknown"):
+                    transport.abort()
+                    return
+                self.wait_for_request()
+
+            def wait_for_request(self) -> None:
+                """From now (the connection's start, or its last answer) its next request has its timeout."""
+                self.waiting = self.cycle
+                guard.idle[self] = None
+                guard.idle.move_to_end(self)
+                if self.timer is not None:
+                    self.timer.cancel()
+                self.timer = self.loop.call_later(guard.header_timeout, self.no_request)
+
+            def no_request(self) -> None:
+                if self.cycle is self.waiting and not self.transport.is_closing():
+                    self.transport.close()  # no request's headers within the timeout
+
+            def data_received(self, data: bytes) -> None:
+                super().data_received(data)
+                if self.cycle is not self.waiting:  # a request's headers arrived
+                    guard.idle.pop(self, None)
+
+            def on_response_complete(self) -> None:
+                super().on_response_complete()
+                if not self.transport.is_closing():
+                    self.wait_for_request()
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if getattr(self, "timer", None) is not None:
+                    self.timer.cancel()
+                guard.release(self)
+                super().connection_lost(exc)
+
+        return Guarded
+
+
+class AcceptErrors(logging.Filter):
+    """asyncio's "socket.accept() out of system resource" (a traceback per attempt: 382,975 lines in a minute once)
+    let through once per ``ACCEPT_LOG_EVERY_S``, with the count since, without its traceback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last, self.count = -ACCEPT_LOG_EVERY_S, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("socket.accept() out of system resource"):
+            return True
+        self.count += 1
+        now = time.monotonic()
+        if now - self.last < ACCEPT_LOG_EVERY_S:
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        record.msg, record.args, record.exc_info = f"socket.accept() failed {self.count} times: %s", (error,), None
+        self.last, self.count = now, 0
+        return True

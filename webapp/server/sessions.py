@@ -57,6 +57,11 @@ class Sessions:
             gate.reserved = self.room
         threading.Thread(target=self._sweep_forever, daemon=True, name="sessions").start()
 
+    def live(self, session: str) -> bool:
+        """Whether ``session``'s state is kept (its page may still ask; dropped when idle, or at once for a
+        sessionless call): what a visitor can still reach (``webapp.jobs.trainer``'s caps follow it)."""
+        return self.holder is None or session in self.holder.session_data
+
     def room(self) -> int:
         """Bytes the sessions not yet made may take."""
         return max(0, self.max_sessions - len(self.holder.session_data)) * SESSION_BYTES
