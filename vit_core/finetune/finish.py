@@ -15,14 +15,13 @@ from ..io.model_card import prepare_upload
 from ..training.engine import TrainResult
 from ..training.evaluation import calibrate_model, evaluate, write_eval
 from ..training.recipe import Recipe
-from ..training.run_folder import commit
+from ..training.run_folder import CARD_NAME, commit
 from .held_out import card_section, held_out_details, held_out_files
 from .stages import ProbeFeatures
 
 # the details of an ``_other`` folder's use (``ood.OthersChoice``)
 OTHERS_KEYS = ("others", "others_chose", "others_measured", "others_turned_away", "others_auroc", "score")
 HELD_OUT_SPLIT = "held-out"  # eval_held-out_flip.json: the held-out images evaluated as predict() answers
-CARD_NAME = "README.md"
 
 
 def finish_run(
