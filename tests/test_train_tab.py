@@ -519,3 +519,15 @@ def test_classify_offers_its_examples_only_for_a_model_of_their_classes(ctx, tmp
 
 def _visible(update: object) -> bool:
     return update["visible"] if isinstance(update, dict) else update.visible
+
+
+def test_the_result_pages_facts_agree_with_its_sentences(tmp_path):
+    """A run whose held-out photos could not set the temperature, kept as a linear probe: the facts under the
+    result page say no temperature was fitted (they said "temperature 1.000" under the sentence that T = 1 was
+    kept) and do not count its zero steps."""
+    result = _result(tmp_path / "data")
+    note = "T = 1 kept: the held-out images could not set the temperature (its fit on them ran to the edge)"
+    probe = result | dict(steps=0, temperature=1.0, details=result["details"] | dict(temperature_note=note))
+    text = result_page.summary(probe, None)
+    assert "no temperature fitted (T = 1 kept)" in text and "temperature 1.000" not in text
+    assert "24 photos\n" in text + "\n" and "0 steps" not in text

@@ -141,8 +141,11 @@ def summary(result: dict[str, Any], label: str | None) -> str:
                 ece_sentence(details),
                 threshold_sentence(details),
             ]
-    facts = [f"- classes: {', '.join(result['classes'])}; {result['train_images']} photos, {result['steps']} steps"]
-    if result.get("temperature") is not None:
+    steps = f", {result['steps']} steps" if result["steps"] else ""  # a linear probe kept has none
+    facts = [f"- classes: {', '.join(result['classes'])}; {result['train_images']} photos{steps}"]
+    if details.get("temperature_note"):  # T = 1 kept: the held-out photos could not set it (the sentence above)
+        facts.append("- calibration: no temperature fitted (T = 1 kept)")
+    elif result.get("temperature") is not None:
         facts.append(f"- calibration: temperature {result['temperature']:.3f}")
     if label is not None:
         facts.append(f"- the picker now uses **{label}**: Classify, Explore, Compare and Batch explain it")
