@@ -469,8 +469,8 @@ def test_the_result_page_reads_as_sentences_a_table_a_matrix_and_a_gallery(tmp_p
     text = result_page.summary(result, "Trained here at 10:00: ants, bees")
     assert "**Done**: held-out accuracy **77.8%** on 9 photos." in text  # the matrix's: 7 of 9, as the table
     assert "**How it trained**: in stages, a new head first" in text and result["strategy_reason"] in text
-    assert "| **last 1 of 2 blocks (kept)** | 4 | 8 | 96 | 40 | 77.8% |" in text  # each stage, the kept one marked
-    assert "| linear probe | 1 | 1 | 48 | 3 | 66.7% |" in text
+    assert "| **last 1 of 2 blocks (kept)** | 4 epochs, 8 steps, 96 images, 40 s | 77.8% |" in text  # kept: marked
+    assert "| linear probe | 1 epoch, 1 step, 48 images, 3 s | 66.7% |" in text
     assert "| ants | 5 | 4 | 80.0% |" in text and "| bees | 4 | 3 | 75.0% |" in text
     assert "4.2 points" in text and "812" not in text  # the check in words, never its raw threshold
     assert "than 95% of its held-out photos" in text and "of its own 9 held-out photos it turns away 1" in text

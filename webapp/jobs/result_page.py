@@ -68,19 +68,22 @@ def threshold_sentence(details: dict[str, Any]) -> str:
 
 
 def stages_table(details: dict[str, Any]) -> str:
-    """What ran, stage by stage (the card's table): epochs, steps, images seen, seconds, held-out accuracy, and
-    the stage kept."""
+    """What ran, stage by stage (the card's table, in three columns: a phone's width): what each took (epochs,
+    steps, images seen, seconds), its held-out accuracy, and the stage kept."""
     stages = details.get("stages") or []
     if not stages:
         return ""
-    rows = ["| stage | epochs | steps | images seen | seconds | held-out accuracy |", "|---|---:|---:|---:|---:|---:|"]
+    rows = ["| stage | what it took | held-out |", "|---|---|---:|"]
     for st in stages:
         top1 = "-" if st["held_out_top1"] is None else f"{st['held_out_top1']:.1f}%"
         name = f"**{st['name']} (kept)**" if st["kept"] else st["name"]
-        rows.append(
-            f"| {name} | {st['epochs']} | {st['steps']} | {st['images_seen']:,} | {st['seconds']:.0f} | {top1} |"
-        )
+        took = f"{_count(st['epochs'], 'epoch')}, {_count(st['steps'], 'step')}, {st['images_seen']:,} images"
+        rows.append(f"| {name} | {took}, {st['seconds']:.0f} s | {top1} |")
     return "\n".join(rows)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("s" if n != 1 else "")
 
 
 def confusion_image(result: dict[str, Any]) -> Image.Image | None:
