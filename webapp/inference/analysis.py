@@ -295,6 +295,7 @@ class FirstLook:
     its classes and the attention rollout of that pass, to show while the full answer is computed."""
 
     probs: torch.Tensor  # (num_classes,) float32, CPU: the image alone, one of ``views`` views
+    names: list[str]  # the model's classes
     rollout: torch.Tensor  # (grid_h, grid_w) in [0, 1]
     views: int  # the views the full answer averages
     shown: Image.Image
@@ -333,7 +334,8 @@ def analyse_first(
     scale = shown.width / size[0]
     box = tuple(round(v * scale) for v in crop)
     seconds = time.perf_counter() - t0
-    yield FirstLook(first.probs[0].float().cpu(), first.rollout[0].float().cpu(), first.views, shown, box, seconds)
+    probs, rollout = first.probs[0].float().cpu(), first.rollout[0].float().cpu()
+    yield FirstLook(probs, model.class_names, rollout, first.views, shown, box, seconds)
     target = None if settings is None else settings.target
     with autocast(device):
         full = answers.full_answer(model, x.to(device), first, target=target, relevance=lrp)

@@ -29,8 +29,10 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +68,9 @@ class Loaded:
     model: vit_core.VisionTransformer
     transform: ImageTransform
     nbytes: int
+
+
+_ONE_REQUEST = threading.local()  # the choices resolved for the request this thread handles (``one_request``)
 
 
 class Models:
@@ -127,10 +132,31 @@ class Models:
             return "" if _cached(choice) else HUB_OFFLINE
         return HUB_DOWN if time.monotonic() < self._hub_down_until else ""
 
+    @contextmanager
+    def one_request(self) -> Iterator[None]:
+        """Resolve each model choice once while the block runs (a request: its memory estimate, then its
+        computation, ask about the same choice through ``loaded``, ``get`` and ``key_of``)."""
+        outer = getattr(_ONE_REQUEST, "choices", None)
+        _ONE_REQUEST.choices = {} if outer is None else outer
+        try:
+            yield
+        finally:
+            _ONE_REQUEST.choices = outer
+
+    def _resolve(self, text: str) -> Choice:
+        """``access.resolve``, once per choice within ``one_request`` (a refusal is raised each time it is asked)."""
+        memo = getattr(_ONE_REQUEST, "choices", None)
+        if memo is None:
+            return self.access.resolve(text)
+        key = (id(self), text)
+        if key not in memo:
+            memo[key] = self.access.resolve(text)
+        return memo[key]
+
     def key_of(self, choice: str) -> str:
         """The canonical key of a servable choice: equal for every spelling of one checkpoint."""
         try:
-            return self.access.resolve(choice).key
+            return self._resolve(choice).key
         except ModelError as e:
             raise gr.Error(str(e), print_exception=False) from None
 
@@ -209,6 +235,11 @@ class Models:
         )
         return bundled
 
+    def get_keyed(self, choice: str) -> tuple[vit_core.VisionTransformer, ImageTransform, str]:
+        """``get`` and ``key_of`` for one resolution of ``choice``: the model, its preprocessing and its key."""
+        loaded = self._get(choice, self.options.request_wait)
+        return loaded.model, loaded.transform, loaded.choice.key
+
     def get(self, choice: str, wait: float | None = None) -> tuple[vit_core.VisionTransformer, ImageTransform]:
         """The model ``choice`` names and its preprocessing. Not loaded yet: starts (or joins) its load and
         waits up to ``wait`` seconds (default: the request wait). Any refusal or failure is a ``gr.Error``
@@ -220,7 +251,7 @@ class Models:
         """The model ``choice`` names and its preprocessing if it is loaded now, else None; starts no load and
         logs nothing (for a request's memory estimate, before the request itself asks)."""
         try:
-            key = self.access.resolve(choice).key
+            key = self._resolve(choice).key
         except ModelError:
             return None
         with self._lock:
@@ -233,7 +264,7 @@ class Models:
 
     def _get(self, text: str, wait: float | None) -> Loaded:
         try:
-            return self._get_choice(self.access.resolve(text), wait)
+            return self._get_choice(self._resolve(text), wait)
         except ModelError as e:
             log.warning("model %r: %s", str(text)[:200], e.detail)
             raise gr.Error(str(e), print_exception=False) from None

@@ -31,7 +31,7 @@ from ..inference.analysis import (
     relevance,
     untimed,
 )
-from ..inference.settings import MapSettings, Settings, head_name, layer_name
+from ..inference.settings import MapSettings, Settings, check_top_k, head_name, layer_name
 from ..registry.catalog import EXAMPLES
 from ..ui.controls import Controls, figure
 from ..ui.endpoints import Answer, Api, Clear, Context, Event, Page, Request, Tab, api, problem
@@ -206,10 +206,9 @@ def show(ctx: Context, request: Request) -> Iterator[tuple]:
 def first_look(ctx: Context, request: Request, first: FirstLook) -> tuple:
     """The first answer as the tab shows it: the image alone's classes (its views not averaged yet, no "none of
     my classes" check yet, said in quiet type), its attention rollout over the image, and what follows."""
-    model, _ = ctx.models.get(request["model_choice"])
-    k = request.settings.top(model)
+    names = first.names
+    k = check_top_k(request.settings.top_k, len(names))
     top = first.probs.topk(k)
-    names = model.class_names
     labels = {names[i]: float(p) for p, i in zip(top.values, top.indices, strict=True)}
     caption = "attention rollout (first answer)"
     overlay = render.unique(render.map_on_image(first.shown, first.box, first.rollout, 0.5, caption), caption)

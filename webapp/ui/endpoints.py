@@ -92,9 +92,9 @@ class Context:
         that pass may serve (AttnLRP's)."""
         if image is None:
             raise gr.Error("Upload, paste or capture an image first (Classify tab).")
-        model, transform = self.models.get(model_choice)
+        model, transform, key = self.models.get_keyed(model_choice)
         s = settings.checked(model, self.default_method)
-        return analyse_first(model, transform, self.models.key_of(model_choice), image, self.device, s)
+        return analyse_first(model, transform, key, image, self.device, s)
 
     def handler(self, fn: Callable, estimate: Estimate | None) -> Callable:
         """``fn(ctx, ...)`` as an event handler: bound to this context, so that Gradio reads the rest of its
@@ -122,7 +122,15 @@ class Context:
         """``fn`` behind the server's memory gate with ``estimate``, run under ``gpu`` unless ``gpu`` is False
         (the model picker, which waits for a load that its own limits bound)."""
         run = self.gpu(fn) if gpu else fn
-        return run if self.gate is None else self.gate.admit(run, lambda arguments: estimate(self, arguments))
+        gated = run if self.gate is None else self.gate.admit(run, lambda arguments: estimate(self, arguments))
+
+        @functools.wraps(gated)
+        def resolving(*args: object, **kwargs: object) -> object:
+            with self.models.one_request():  # the estimate and the call resolve the model choice once
+                return gated(*args, **kwargs)
+
+        resolving.__signature__ = inspect.signature(gated)  # a bound handler's: not its function's, with ``ctx``
+        return resolving
 
 
 REQUIRED = inspect.Parameter.empty

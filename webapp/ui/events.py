@@ -350,7 +350,8 @@ def page_handler(ctx: Context, answer: Answer, chained: bool = False) -> Callabl
             out = (gr.skip(),) * n
         else:
             compute = user_errors(lambda: _outputs(answer.compute(ctx, request), n))
-            out = if_newest(place, n, compute, answer.failed, held)
+            with ctx.models.one_request():  # the estimate and the computation resolve the model choice once
+                out = if_newest(place, n, compute, answer.failed, held)
         return out[0] if n == 1 else out  # Gradio takes one output's value bare
 
     def stream(*args: object, **kwargs: object) -> Iterator[tuple]:
@@ -358,6 +359,7 @@ def page_handler(ctx: Context, answer: Answer, chained: bool = False) -> Callabl
         if place is None:
             yield (gr.skip(),) * n
             return
+        # no ``one_request`` here: its memo is the thread's, and a generator's parts may run on other threads
         yield from while_newest(place, n, lambda: answer.compute(ctx, request), answer.failed, held)
 
     handle = stream if answer.stream else handle
