@@ -14,6 +14,7 @@ import io
 import time
 import types
 import zipfile
+from dataclasses import fields
 from pathlib import Path
 
 import gradio as gr
@@ -22,9 +23,11 @@ from PIL import Image
 
 import app
 import vit_core
+from vit_core.finetune import FinetuneResult
 from webapp.jobs import result_page, trainset
 from webapp.jobs.trainer import PRIVATE_PREFIX, Trainer, TrainingBusy
 from webapp.jobs.trainset import PUBLIC, Limits, class_of, decode_folder, from_zip
+from webapp.jobs.worker import JobResult
 from webapp.registry.access import Caller, ModelError, Trained, calling
 from webapp.registry.options import Options
 from webapp.server.admission import Busy, Gate, rss
@@ -531,3 +534,10 @@ def test_the_result_pages_facts_agree_with_its_sentences(tmp_path):
     text = result_page.summary(probe, None)
     assert "no temperature fitted (T = 1 kept)" in text and "temperature 1.000" not in text
     assert "24 photos\n" in text + "\n" and "0 steps" not in text
+
+
+def test_the_training_process_reports_its_result_by_a_dataclass_of_the_librarys_fields():
+    """The worker's result line is ``JobResult`` (its own fields, not a hand-kept list), each one a field of the
+    library's ``FinetuneResult`` that the result page reads."""
+    ours, library = {f.name for f in fields(JobResult)}, {f.name for f in fields(FinetuneResult)}
+    assert ours <= library and {"complete", "classes", "details", "steps", "strategy"} <= ours

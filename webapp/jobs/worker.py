@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -110,10 +111,30 @@ def main(job_file: str) -> None:
         if not _disk_full(e):
             raise
         refuse(DiskFull(DISK_FULL))
-    fields = ("complete", "classes", "train_images", "val_images", "val_accuracy", "temperature", "ood_threshold")
-    fields += ("steps", "strategy", "strategy_reason", "details")  # details: for the result page (held_out.py)
-    _emit({"result": {name: getattr(result, name) for name in fields}, "peak_bytes": peak_bytes()})
+    _emit({"result": dataclasses.asdict(JobResult.of(result)), "peak_bytes": peak_bytes()})
     _exit(0)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What the training process reports of its run, in its ``{"result": ...}`` line: ``FinetuneResult``'s fields
+    that the server's result page and registry read (not the model), by this class's own fields."""
+
+    complete: bool
+    classes: list[str]
+    train_images: int
+    val_images: int
+    val_accuracy: float
+    temperature: float | None
+    ood_threshold: float | None
+    steps: int
+    strategy: str
+    strategy_reason: str
+    details: dict  # for the result page (``vit_core.finetune.held_out``)
+
+    @classmethod
+    def of(cls, result: object) -> JobResult:
+        return cls(**{f.name: getattr(result, f.name) for f in dataclasses.fields(cls)})
 
 
 class DiskFull(Exception):
