@@ -157,8 +157,13 @@ def test_the_largest_legitimate_request_fits_the_body_limit(space):
     body = {"data": data, "event_data": None, "fn_index": event["id"], "trigger_id": event["targets"][0][0]}
     body |= {"session_hash": "x" * 64}
     assert len(json.dumps(body)) < MAX_JSON_BYTES / 2
+    start = space.log.stat().st_size
     r = httpx.post(f"{space.api}/queue/join", json=body, timeout=60)
     assert r.status_code != 413, r.text
+    # its files are named, not uploaded: each is skipped in words, and the log holds no traceback
+    stream = httpx.get(f"{space.api}/queue/data", params={"session_hash": "x" * 64}, timeout=120).text
+    assert "process_completed" in stream and "no such uploaded file" in stream, stream[-2000:]
+    assert "Traceback" not in space.log.read_text()[start:]
 
 
 def test_each_refusal_is_one_line_and_a_sentence(space):

@@ -166,7 +166,9 @@ def _read_uploads(paths: list[Path]) -> Iterator[tuple[Item, bytes | None]]:
             yield Item(p.name, error="skipped: the same file again"), None
             continue
         seen.add(str(p.resolve()))
-        if zipfile.is_zipfile(p):
+        if not p.is_file():  # named in the request, in the upload folder, but not there (or gone): no traceback
+            yield Item(p.name, error="skipped: no such uploaded file"), None
+        elif zipfile.is_zipfile(p):
             yield from _read_zip(p, left, zip_directory(p))
         elif left.images == 0:
             yield Item(p.name, error=f"skipped: a batch holds at most {MAX_IMAGES} images"), None
