@@ -68,6 +68,17 @@ def copies(folder: Path, n: int, start: int = 0) -> list[str]:
     return [str(p) for p in paths]
 
 
+def timed(device: torch.device, work: Callable[[], Any]) -> tuple[Any, float]:
+    """``work()`` and its milliseconds, the device's queued work waited for on both sides."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = work()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out, (time.perf_counter() - t0) * 1000
+
+
 def measure_steps(ctx: Context, files: list[str]) -> dict[str, float]:
     """Median milliseconds of each step of a new photo's Classify on ``ctx``'s default model, over ``files``
     (the first one a warm-up; each a photo the app has not seen)."""
@@ -80,13 +91,8 @@ def measure_steps(ctx: Context, files: list[str]) -> dict[str, float]:
     request_ms: dict[str, float] = {}
 
     def step(name: str, work: Callable[[], Any]) -> Any:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = work()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        request_ms[name] = request_ms.get(name, 0.0) + (time.perf_counter() - t0) * 1000
+        out, ms = timed(device, work)
+        request_ms[name] = request_ms.get(name, 0.0) + ms
         return out
 
     for f in files:
@@ -118,13 +124,7 @@ def measure_answers(ctx: Context, files: list[str]) -> dict[str, float]:
     times: dict[str, list[float]] = {}
 
     def clock(work: Callable[[], Any]) -> tuple[Any, float]:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = work()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return out, (time.perf_counter() - t0) * 1000
+        return timed(device, work)
 
     def prepared(f: str) -> tuple[torch.Tensor, Image.Image, tuple]:
         upload = analysis.Upload(f)
