@@ -14,6 +14,7 @@ Skips when chromium (``/usr/bin/chromium``) or the playwright package is absent;
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import os
@@ -25,12 +26,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 import app
 import vit_core
 from tests.hub_server import transformers_vit_files
 from tests.test_app import CAT, ROOT, server, server_log  # noqa: F401 (fixture)
+from vit_core.data import stratified_split
+from vit_core.finetune import finetune_folder
 from webapp.registry.catalog import BUNDLED, BUNDLED_LABEL, CURATED, imagenet_names
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -501,22 +505,37 @@ def test_an_imagenet_model_in_transformers_layout_shows_its_labels_and_map(page,
     page.wait_for_function("() => document.querySelector('#patch-text textarea')?.value.includes('14x14 token grid')")
 
 
-def _labelled_zip(path: Path, per_class: int = 8) -> Path:
-    """``per_class`` photos of each of ``PHOTOS``'s classes in a zip, one folder per class."""
+def _zip_with_twins(path: Path, per_class: int = 8) -> Path:
+    """``per_class`` photos of each of ``PHOTOS``'s two classes in a zip, one folder per class, where one held-out
+    photo of the first class is also a held-out photo of the second: twins, the same bytes under both labels.
+
+    Which photos a job holds out is no chance: the job numbers each class's photos in the zip's order
+    (``webapp.jobs.trainset``: ``<n>.jpg``) and ``finetune_folder`` holds out the same positions of each class every
+    time (``stratified_split``, seed 0, its ``val_fraction``), computed here the same way. Neither twin is trained
+    on, and both are answered: identical bytes decode to the same image, the model answers one class for it, and
+    that class is wrong for one of the twins. So at least one held-out photo is misclassified, whatever six
+    seconds of training made of the model."""
+    folders = sorted(PHOTOS.iterdir())
+    photos = [sorted(folder.iterdir())[:per_class] for folder in folders]
+    val_fraction = inspect.signature(finetune_folder).parameters["val_fraction"].default  # the app's (the worker's)
+    _, held = stratified_split(torch.arange(len(folders)).repeat_interleave(per_class), val_fraction)
+    first, second = held[held < per_class][0].item(), held[held >= per_class][0].item() - per_class
+    photos[1][second] = photos[0][first]
     with zipfile.ZipFile(path, "w") as zf:
-        for folder in sorted(PHOTOS.iterdir()):
-            for photo in sorted(folder.iterdir())[:per_class]:
-                zf.write(photo, f"{folder.name}/{photo.name}")
+        for folder, files in zip(folders, photos, strict=True):
+            for n, photo in enumerate(files):  # in the zip's order: the job's numbering
+                zf.write(photo, f"{folder.name}/{n:02d}_{photo.name}")
     return path
 
 
 @pytest.mark.skipif(not PHOTOS.is_dir(), reason="../shared/data/photos/ants_and_bees is absent")
 def test_train_a_bad_zip_a_good_one_then_cancel_the_picker_keeps_the_right_model(page, tmp_path):
     """A zip of one class first: its problem is a line in the progress, with no error badge anywhere (the picker
-    stays usable). Then six seconds of training on 8 ants and 8 bees: the result page reads
-    (how it trained, accuracy per class, the confusion matrix), the picker switches to the new model, and
-    Classify explains a photo with its classes: a misclassified one clicked on the result page when there is
-    one, else an upload. Then a second job, cancelled while it trains: the picker keeps the first model."""
+    stays usable). Then six seconds of training on 8 ants and 8 bees, one of the bees a held-out ant's twin
+    (``_zip_with_twins``: a held-out photo certainly misclassified): the result page reads (how it trained,
+    accuracy per class, the confusion matrix, the misclassified photos), the picker switches to the new model, a
+    misclassified photo clicked on the result page opens in Classify, shown and explained with the new classes,
+    and so is an upload. Then a second job, cancelled while it trains: the picker keeps the first model."""
     before = set((ROOT / "runs").glob("app-*"))
     _tab(page, "Train")
     one = tmp_path / "one.zip"
@@ -528,7 +547,7 @@ def test_train_a_bad_zip_a_good_one_then_cancel_the_picker_keeps_the_right_model
     page.locator("#train-progress").get_by_text("at least 2 class folders").wait_for()
     assert page.get_by_text("Error", exact=True).count() == 0 and page.get_by_label("Model:").is_enabled()
     page.locator("#train-photos").get_by_role("button", name="Clear").click()
-    page.locator("#train-photos input[type=file]").set_input_files(str(_labelled_zip(tmp_path / "ab.zip")))
+    page.locator("#train-photos input[type=file]").set_input_files(str(_zip_with_twins(tmp_path / "ab.zip")))
     page.locator("#train-photos").get_by_text("ab.zip").wait_for()
     minutes = page.locator("#train-minutes input[type=number]")
     minutes.fill("0.1")
@@ -547,12 +566,16 @@ def test_train_a_bad_zip_a_good_one_then_cancel_the_picker_keeps_the_right_model
     page.set_viewport_size(PHONE)
     _shot(page, "train_after", "#train-result")
     page.set_viewport_size(DESKTOP)
-    wrong = page.locator("#train-misclassified")
-    if wrong.is_visible():  # a misclassified held-out photo: a click opens it in Classify
-        wrong.locator("img").first.click()
-        page.locator("#explains").get_by_text(re.compile(r"\b(ants|bees)\b")).wait_for()
-        assert page.locator("#image img").count() == 1
-    _tab(page, "Classify")
+    assert re.search(r"\d+ held-out photos misclassified", result), result  # the twins: one of them at least
+    _loaded(page, "#train-misclassified")
+    assert page.locator("#image img").count() == 0  # Classify shows no photo yet: the click brings it
+    page.locator("#train-misclassified").locator("img").first.click()
+    page.get_by_role("tab", name="Classify", selected=True).wait_for()  # the click shows Classify
+    _classified(page)  # the photo's full answer: its map and compute time
+    _loaded(page, "#image")
+    assert page.locator("#image img").count() == 1
+    assert re.search(r"\b(ants|bees)\b", _text(page, "#explains")), _text(page, "#explains")
+    assert re.search(r"\b(ants|bees)\b", _verdict(page)), _verdict(page)
     _upload(page, sorted((PHOTOS / "ants").iterdir())[-1])
     assert re.search(r"\b(ants|bees)\b", _text(page, "#explains")), _text(page, "#explains")
     # a second job, cancelled once it trains: the picker stays usable and keeps the model trained above
