@@ -40,7 +40,8 @@ from webapp.server.sessions import Sessions
 from webapp.tabs import batch, classify, compare, explore, inspect, train
 from webapp.ui import picker
 from webapp.ui.controls import Controls
-from webapp.ui.endpoints import Context, Page
+from webapp.ui.declarations import Page
+from webapp.ui.endpoints import Context
 from webapp.ui.events import wire
 
 TABS = (classify, explore, compare, batch, inspect, train)  # the page's tabs, in order: each a module (``webapp.tabs``)

@@ -3,7 +3,7 @@
     python -m bench.app_budget [--model PATH_OR_REPO] [--device cpu|cuda] [--repeats 20]
 
 Each copy of ``examples/cat_chelsea.jpg`` (451x300, a JPEG with its corner changed so that nothing is cached)
-goes through ``webapp.tabs.classify.answer`` itself, as the page and the API call it, with a ``step`` that times
+goes through ``webapp.tabs.classify.classified`` itself, as the page and the API call it, with a ``step`` that times
 each of its steps (the device synchronised around each): reading the upload (bytes, SHA-256, header), decoding,
 preprocessing (resize, crop, normalise; the copy overlays are drawn on), the model's views
 (``calibration.predict``: the views the model was calibrated for, with their attentions and the OOD score), the
@@ -44,7 +44,7 @@ from vit_core.explain import answer as answers
 from webapp.inference import analysis, render
 from webapp.registry.catalog import ROOT
 from webapp.tabs import classify
-from webapp.ui.endpoints import Context, Request
+from webapp.ui.endpoints import Context, Prepared
 from webapp.ui.inputs import JPEG_QUALITY
 
 PHOTO = ROOT / "examples" / "cat_chelsea.jpg"
@@ -52,7 +52,7 @@ SEEDED_B16 = ROOT / "runs" / "vit_b16_seeded"  # ``--model vit-b16``
 TARGET_MS = 15.0  # issue #53's bound on the steps outside the model, on the CPU, for this photo
 # The steps outside the model: what ``TARGET_MS`` bounds (``rest``: ``answer`` less its timed steps)
 NON_MODEL = ("read", "decode", "preprocess", "overlay", "rest", "encode")
-IN_ANSWER = ("read", "decode", "preprocess", "model views", "map", "overlay")  # the steps ``answer`` times
+IN_ANSWER = ("read", "decode", "preprocess", "model views", "map", "overlay")  # the steps ``classified`` times
 
 
 def copies(folder: Path, n: int, start: int = 0) -> list[str]:
@@ -97,12 +97,12 @@ def measure_steps(ctx: Context, files: list[str]) -> dict[str, float]:
 
     for f in files:
         request_ms.clear()
-        request = Request({"image": analysis.Upload(f), "model_choice": choice})
-        done = step("answer", lambda r=request: classify.answer(ctx, r, step))
+        request = Prepared({"image": analysis.Upload(f), "model_choice": choice})
+        done = step("answer", lambda r=request: classify.classified(ctx, r, step))
         overlay, covered = done.overlay, done.covered
         assert covered == classify.NEW, f"{f}: analysed before"
         step("encode", lambda o=overlay: output.postprocess(o))
-        x = ctx.analysis(request["image"], choice).x  # cached by ``answer``
+        x = ctx.analysis(request).x  # cached by ``classified``
         with torch.inference_mode(), analysis.autocast(device):
             step("one view's forward", lambda x=x: model(x.to(device)))
         request_ms["rest"] = request_ms["answer"] - sum(request_ms[name] for name in IN_ANSWER)
@@ -128,8 +128,7 @@ def measure_answers(ctx: Context, files: list[str]) -> dict[str, float]:
 
     def prepared(f: str) -> tuple[torch.Tensor, Image.Image, tuple]:
         upload = analysis.Upload(f)
-        size = upload.header.size
-        img = analysis.decode(upload.file(), transform)
+        img, size = upload.decode(transform)
         box = transform.crop_box(*size)
         shown = render.display_copy(img, analysis.MAX_SIDE)
         s = shown.width / size[0]

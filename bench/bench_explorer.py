@@ -34,7 +34,7 @@ from webapp.inference import render
 from webapp.inference.settings import PREDICTED
 from webapp.registry.catalog import ROOT
 from webapp.tabs import classify, explore
-from webapp.ui.endpoints import Context, Request
+from webapp.ui.endpoints import Context, Prepared
 
 PHOTO = ROOT / "examples" / "cat_chelsea.jpg"
 
@@ -59,8 +59,8 @@ def _report(title: str, times: dict[str, list[float]]) -> None:
 def _click(ctx: Context, image: str, choice: str, click: SimpleNamespace) -> tuple:
     """A click on the explorer's picture as the page handles it: the point, then the maps and the picture."""
     subject = {"image": image, "model_choice": choice}
-    x, y = explore.point(ctx, Request(subject, event=click))
-    return explore.redraw(ctx, Request({**subject, "x": x, "y": y}))
+    x, y = explore.point(ctx, Prepared(subject, event=click))
+    return explore.redraw(ctx, Prepared({**subject, "x": x, "y": y}))
 
 
 def _in_process(ctx: Context, fresh: list[str], same: str, repeats: int) -> dict[str, list[float]]:
@@ -69,7 +69,7 @@ def _in_process(ctx: Context, fresh: list[str], same: str, repeats: int) -> dict
     settings = dict(
         method=ROLLOUT.title, target=PREDICTED, layer=-1, head="mean", head_fusion="mean", discard_ratio=0.0
     )
-    a = ctx.analysis(same, choice)
+    a = ctx.analysis(Prepared({"image": same, "model_choice": choice}))
     vw = render.fit(a.shown.size, explore.VIEW_SIDE)[0]
     left, top, right, bottom = (v * vw / a.size[0] for v in a.crop)
     clicks = [

@@ -30,7 +30,8 @@ from webapp.server.admission import MB, Busy, Gate, rss
 from webapp.tabs import batch, classify
 from webapp.tabs import inspect as inspect_tab
 from webapp.ui import events
-from webapp.ui.endpoints import Context, Tab
+from webapp.ui.declarations import Tab
+from webapp.ui.endpoints import Context, Prepared, api
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,26 +112,44 @@ def test_the_gate_admits_what_fits_queues_what_will_fit_and_refuses_the_rest():
         pass
 
 
-def test_a_gated_listener_keeps_its_signature_and_its_cost_sees_its_arguments():
-    seen = {}
+def test_a_gated_function_keeps_its_signature_and_its_estimate_and_computation_share_one_request():
+    """``Context.admitted``: Gradio reads the function's parameters (after ``ctx``); the request is prepared once,
+    and the estimate and the computation get that one ``Prepared`` (its choice resolved once, its upload opened
+    once). A listener of its own (the picker's) keeps its signature and gets its arguments."""
+    seen: list[tuple[str, Prepared]] = []
 
-    def listener(image: str | None, model_choice: str = "m", progress=None) -> str:
-        return f"{image}-{model_choice}"
+    def _compute(ctx: Context, request: Prepared) -> str:
+        seen.append(("compute", request))
+        return f"{request['image']}-{request['model_choice']}"
 
-    def cost(arguments: dict) -> int:
-        seen.update(arguments)
+    def estimate(ctx: Context, request: Prepared) -> int:
+        seen.append(("estimate", request))
         return MB
 
-    gated = Gate(max_memory=rss() + 100 * MB).admit(listener, cost)
+    ctx = Context(SimpleNamespace(), gate=Gate(max_memory=rss() + 100 * MB), trainer=SimpleNamespace())
+    public = api(_compute, ("image", "model_choice"))
+    gated = ctx.admitted(public, estimate)
+    assert list(inspect.signature(gated).parameters) == ["image", "model_choice"]  # what Gradio reads
+    assert gated("a.png", model_choice="x") == "a.png-x"
+    assert [what for what, _ in seen] == ["estimate", "compute"] and seen[0][1] is seen[1][1]
+    assert dict(seen[0][1].values) == {"image": "a.png", "model_choice": "x"}
+
+    def listener(choice: str, kept: dict | None, progress=None) -> str:
+        return f"{choice}-{kept}"
+
+    gated = ctx.admitted(listener, estimates.request_only, gpu=False)
     assert inspect.signature(gated) == inspect.signature(listener)  # Gradio reads progress and events from it
-    assert gated("a.png", model_choice="x") == "a.png-x" and seen == {"image": "a.png", "model_choice": "x"}
+    assert gated("m", kept={"a": 1}) == "m-{'a': 1}"
 
 
 def estimating(model: object, transform: object = None, device: torch.device = CPU) -> SimpleNamespace:
     """What a tab's estimate reads of the app's context: the loaded model of the choice "bundled" (none of any
     other), the device and the default map."""
-    loaded = lambda choice: (model, transform) if choice == "bundled" else None  # noqa: E731
-    return SimpleNamespace(models=SimpleNamespace(loaded=loaded), device=device, default_method=methods.ATTNLRP)
+
+    def loaded(request: Prepared) -> tuple:
+        return (model, transform) if request.values.get("model_choice") == "bundled" else (None, None)
+
+    return SimpleNamespace(loaded=loaded, device=device, default_method=methods.ATTNLRP)
 
 
 def test_the_estimate_follows_the_image_the_model_and_the_tab():
@@ -149,18 +168,25 @@ def test_the_estimate_follows_the_image_the_model_and_the_tab():
     photo = ROOT / "examples" / "cat_chelsea.jpg"
     cfg = model.config
     raw = {"model_choice": "bundled", "method": methods.RAW.title}
-    with_photo, without = classify.estimate(ctx, {**raw, "image": str(photo)}), classify.estimate(ctx, raw)
+    with_photo, without = (
+        classify.estimate(ctx, Prepared({**raw, "image": str(photo)})),
+        classify.estimate(ctx, Prepared(raw)),
+    )
     assert with_photo - without == photo.stat().st_size + (4 + 36) * 451 * 300
     # no method: the server's default map, AttnLRP here, whose backward pass keeps 6 forward passes' activations
-    default = classify.estimate(ctx, {"image": str(photo), "model_choice": "bundled"})
+    default = classify.estimate(ctx, Prepared({"image": str(photo), "model_choice": "bundled"}))
     assert default - with_photo == 6 * vit_core.models.cost.activation_bytes(cfg)
     # a RISE map costs 64 masked images through the model; raw attention none beyond the analysis
     rise, raw = (
-        classify.estimate(ctx, {"model_choice": "bundled", "method": m.title}) for m in (methods.RISE, methods.RAW)
+        classify.estimate(ctx, Prepared({"model_choice": "bundled", "method": m.title}))
+        for m in (methods.RISE, methods.RAW)
     )
     assert rise - raw == estimates.forward_bytes(cfg, 64, attention=False) + 4 * 500 * 32 * 32
     gpu = estimating(model, tf, torch.device("cuda"))  # the model's memory is the GPU's
-    assert classify.estimate(gpu, {"model_choice": "bundled", "method": methods.RISE.title}) == estimates.REQUEST_BYTES
+    assert (
+        classify.estimate(gpu, Prepared({"model_choice": "bundled", "method": methods.RISE.title}))
+        == estimates.REQUEST_BYTES
+    )
     b16 = vit_core.get_config("vit_base_patch16_224")  # 12 layers of 12 heads, 197 tokens, 768 wide, MLP 3072
     # by hand, as the estimate's docstring states it: the image (3 x 224 x 224), every block's probabilities
     # (12 x 12 x 197^2) and one block's widest intermediates (197 x (5 x 768 + 2 x 3072) + 2 x 12 x 197^2), 4 bytes
@@ -174,11 +200,16 @@ def test_the_estimate_follows_the_image_the_model_and_the_tab():
     vit_b = estimating(SimpleNamespace(config=b16))
     for method, chunk in ((methods.GRADIENT, 6 * 4), (methods.ROLLOUT, 2 * 16)):
         want = base + chunk * b16_pass
-        assert batch.estimate(vit_b, {"model_choice": "bundled", "method": method.title}) == want
+        assert batch.estimate(vit_b, Prepared({"model_choice": "bundled", "method": method.title})) == want
     # a model that is not loaded: the request fails at once and costs little, whatever it asks
     rise = {"model_choice": "other", "method": methods.RISE.title}
-    assert classify.estimate(ctx, rise) == inspect_tab.estimate(ctx, rise) == estimates.REQUEST_BYTES == 48 * MB
-    assert inspect_tab.estimate(ctx, {"model_choice": "bundled"}) > estimates.REQUEST_BYTES
+    assert (
+        classify.estimate(ctx, Prepared(rise))
+        == inspect_tab.estimate(ctx, Prepared(rise))
+        == estimates.REQUEST_BYTES
+        == 48 * MB
+    )
+    assert inspect_tab.estimate(ctx, Prepared({"model_choice": "bundled"})) > estimates.REQUEST_BYTES
 
 
 class Counting(Gate):
@@ -239,9 +270,9 @@ def test_every_compute_listener_is_gated_and_in_one_concurrency_group(monkeypatc
     own = {a.name for tab in declared for a in tab.apis if not a.compute} | {"on_change", "on_load"}
     others = {fn.api_name for fn in demo.fns.values() if fn.concurrency_id != admission.COMPUTE and fn.queue}
     assert others == own
-    for name in sorted(api):  # refused before they run: called without arguments, they never get to need them
+    for name in sorted(api):  # refused before they run
         with pytest.raises(Busy):
-            compute[name].fn()
+            compute[name].fn(**_page_arguments(compute[name]))
     assert ctx.gate.asked == len(api)
     for name in sorted(page):
         fn, asked = compute[name], ctx.gate.asked

@@ -32,6 +32,7 @@ from webapp.inference import estimates
 from webapp.inference.model_info import format_count
 from webapp.registry.catalog import BUNDLED
 from webapp.tabs import batch, classify, compare, explore
+from webapp.ui.endpoints import Prepared
 
 from .net import free_port
 from .rss import peak_above, reset_peak, rss_mb
@@ -295,27 +296,27 @@ def test_the_memory_estimate_bounds_the_peak_of_real_requests(server, tmp_path):
     cases = {
         "classify 49.9 MP": (
             lambda: _classify(client, big[0]),
-            lambda args: classify.estimate(ctx, args),
+            lambda args: classify.estimate(ctx, Prepared(args)),
             {"image": big[0]},
         ),
         "explore 49.9 MP": (
             lambda: client.predict(handle_file(str(big[1])), x=3000, y=3000, api_name="/explore"),
-            lambda args: explore.estimate(ctx, args),
+            lambda args: explore.estimate(ctx, Prepared(args)),
             {"image": big[1]},
         ),
         "compare 49.9 MP": (
             lambda: client.predict(handle_file(str(big[2])), api_name="/compare"),
-            lambda args: compare.estimate(ctx, args),
+            lambda args: compare.estimate(ctx, Prepared(args)),
             {"image": big[2]},
         ),
         "batch of three": (
             lambda: client.predict([handle_file(str(archive))], api_name="/batch"),
-            lambda args: batch.estimate(ctx, args),
+            lambda args: batch.estimate(ctx, Prepared(args)),
             {"method": "Attention rollout"},
         ),
         "classify 451x300": (
             lambda: _classify(client, small),
-            lambda args: classify.estimate(ctx, args),
+            lambda args: classify.estimate(ctx, Prepared(args)),
             {"image": small},
         ),
     }

@@ -29,7 +29,7 @@ from webapp.inference.settings import parse_settings
 from webapp.registry.models import Models
 from webapp.registry.options import Options
 from webapp.tabs import batch, classify, compare
-from webapp.ui.endpoints import Context, Request
+from webapp.ui.endpoints import Context, Prepared
 
 from .test_docs import marked_block
 
@@ -123,7 +123,7 @@ def test_classify_draws_each_methods_own_map(ctx, photo):
     the library function of ``REFERENCE`` called here with those settings written out: a method wired to another
     function, or a setting that does not reach the function, shows."""
     choice = ctx.models.default
-    a = ctx.analysis(photo, choice)
+    a = ctx.analysis(Prepared({"image": photo, "model_choice": choice}))
     request = {"layer": 0, "head": "1", "head_fusion": "max", "discard_ratio": 0.5}
     written_out = {"layer": 0, "head": 1, "head_fusion": "max", "discard_ratio": 0.5}
     for m in methods.METHODS:
@@ -131,7 +131,7 @@ def test_classify_draws_each_methods_own_map(ctx, photo):
         labels, overlay, _, _, explains, _ = classify.classify(ctx, photo, choice, m.title, target, **request)
         assert set(labels) <= set(NAMES) and overlay.width == 300  # the 60x40 photo, shown 5 times larger
         assert explains.startswith("Map explains: cat (") if m.per_class else "the prediction" in explains
-        s = parse_settings(a.model, m.title, target, *request.values())
+        s = parse_settings(a.model, m, target, *request.values())
         fn = REFERENCE[m.key][0]
         options = {k: v for k, v in written_out.items() if k in inspect.signature(fn).parameters}
         want = fn(a.model, a.x, **options, **({"target": 3} if m.per_class else {}))[0]
@@ -144,7 +144,9 @@ def test_the_compute_time_says_what_it_covered(ctx, photo):
     choice = ctx.models.default
 
     def covered(method: methods.Method) -> str:
-        return classify.answer(ctx, Request({"image": photo, "model_choice": choice, "method": method.title})).covered
+        return classify.classified(
+            ctx, Prepared({"image": photo, "model_choice": choice, "method": method.title})
+        ).covered
 
     assert covered(methods.ATTNLRP) == classify.NEW
     assert covered(methods.CHEFER) == classify.MAP_ONLY

@@ -33,11 +33,13 @@ from webapp.inference import model_info
 from webapp.inference.analysis import Upload
 from webapp.inference.settings import PREDICTED, MapSettings
 from webapp.registry import options
+from webapp.registry.access import Access
 from webapp.registry.catalog import ROOT
 from webapp.server.admission import COMPUTE, Gate, rss
 from webapp.tabs import batch, classify
 from webapp.ui import events
-from webapp.ui.endpoints import Api, Context, Page, Request, Tab, api
+from webapp.ui.declarations import Api, Page, Tab
+from webapp.ui.endpoints import Context, Prepared, api
 from webapp.ui.inputs import ImageUpload
 
 from .net import free_port
@@ -66,9 +68,9 @@ def large_photo(tmp_path_factory) -> Path:
 SEEN: list[dict] = []
 
 
-def _echo(ctx: Context, request: Request) -> str:
+def _echo(ctx: Context, request: Prepared) -> str:
     """The dummy tab's API: the upload's size and the model's classes."""
-    model, _ = ctx.models.get(request["model_choice"])
+    model, _, _ = ctx.model(request)  # the choice resolved once, for the estimate too
     size = request["image"].header.size
     return f"{size[0]}x{size[1]}, {model.config.num_classes} classes"
 
@@ -76,8 +78,8 @@ def _echo(ctx: Context, request: Request) -> str:
 echo = api(_echo, ("image", "model_choice"))
 
 
-def estimate(ctx: Context, arguments: dict) -> int:
-    SEEN.append(arguments)
+def estimate(ctx: Context, request: Prepared) -> int:
+    SEEN.append(dict(request.values))
     return DUMMY.need
 
 
@@ -135,7 +137,7 @@ def test_a_large_photo_gets_the_same_numbers_from_classify_batch_the_api_and_pre
     names = model.class_names
 
     labels, _, _, _, _, ood = classify.classify(ctx, str(large_photo), choice, top_k=10)  # the API's handler
-    *_, page = classify.show(ctx, Request({"image": Upload(str(large_photo)), "model_choice": choice, "top_k": 10}))
+    *_, page = classify.show(ctx, Prepared({"image": Upload(str(large_photo)), "model_choice": choice, "top_k": 10}))
     _, csv_path, _ = batch.batch(ctx, [str(large_photo)], choice, top_k=10)
     (row,) = list(csv.DictReader(io.StringIO(Path(csv_path).read_text())))
     for shown in (labels, page[0]["value"]):
@@ -159,7 +161,7 @@ def test_classify_batch_and_the_api_decide_by_one_rule(ctx, photo):
     unlike = unlikeness(model.calibration.ood, float(p.ood_score[0]))
     expected = model_info.decide(p.probs[0], model.class_names, bool(p.is_ood[0]), unlike)
     _, _, _, verdict, _, ood = classify.classify(ctx, path, choice)
-    *_, page = classify.show(ctx, Request({"image": Upload(path), "model_choice": choice}))
+    *_, page = classify.show(ctx, Prepared({"image": Upload(path), "model_choice": choice}))
     _, csv_path, _ = batch.batch(ctx, [path], choice)
     (row,) = list(csv.DictReader(io.StringIO(Path(csv_path).read_text())))
     assert (ood["decision"], ood["reason"]) == (expected.kind, expected.reason)
@@ -223,6 +225,51 @@ def test_one_classify_request_reads_its_upload_once_and_runs_at_most_12_app_modu
     assert len(entered) <= MAX_CLASSIFY_MODULES, "\n".join(sorted(entered))
 
 
+def test_a_request_resolves_its_model_opens_its_upload_and_parses_its_method_once(ctx, tmp_path, monkeypatch):
+    """One prepared request (``Prepared``) serves both the memory estimate and the computation: a Classify request
+    on a new photo, from the page (streamed in two answers) and from the API, resolves its model choice once,
+    parses its method's title once and opens its upload once (the header the estimate read is the one decoded).
+    Before, the page resolved the choice twice, and both parsed the title twice and opened the file twice."""
+    counts: dict[str, int] = {}
+    resolve, by_title, image_open = Access.resolve, methods.by_title, Image.open
+    photos = []
+
+    def counted(what: str, fn):
+        def count(*args, **kwargs):
+            counts[what] = counts.get(what, 0) + 1
+            return fn(*args, **kwargs)
+
+        return count
+
+    def opened(fp, *args, **kwargs):
+        if any(getattr(fp, "name", None) == str(p) for p in photos):
+            counts["open"] = counts.get("open", 0) + 1
+        return image_open(fp, *args, **kwargs)
+
+    monkeypatch.setattr(Access, "resolve", counted("resolve", resolve))
+    monkeypatch.setattr(methods, "by_title", counted("title", by_title))
+    monkeypatch.setattr(Image, "open", opened)
+    ctx = Context(ctx.models, gate=Gate(max_memory=rss() + (2 << 30)))
+    (page_request,) = [fn.fn for fn in app.build_ui(ctx).fns.values() if fn.api_name == "classify_page"]
+    api_request = ctx.handler(classify.classify, classify.estimate)
+    page = types.SimpleNamespace(session_hash="once", headers={}, client=types.SimpleNamespace(host="127.0.0.1"))
+    settings = dict(target=PREDICTED, layer=-1, head="mean", head_fusion="mean", discard_ratio=0.0, opacity=0.5)
+    for i, ask in enumerate(("page", "api")):
+        photos.append(tmp_path / f"once_{i}.png")
+        cat = Image.open(ROOT / "examples" / "cat_chelsea.jpg").convert("RGB")
+        cat.putpixel((0, 0), (i, 7, 7))  # new bytes: not in the analysis cache
+        cat.save(photos[-1])
+        counts.clear()
+        image, method = Upload(str(photos[-1])), methods.ATTNLRP.title
+        if ask == "page":
+            parts = list(page_request(image, ctx.models.default, method, **settings, top_k=5, ticket=1, request=page))
+            assert len(parts) == 2 and parts[-1][2].startswith("Computed in"), parts  # a first answer, then all
+        else:
+            labels, *_ = api_request(image, ctx.models.default, method, **settings, top_k=5)
+            assert "cat" in labels
+        assert counts == {"resolve": 1, "title": 1, "open": 1}, (ask, counts)
+
+
 def _architecture_path(title: str) -> str:
     """The paragraph of docs/ARCHITECTURE.md that lists a path's modules: the one that starts with ``title``."""
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
@@ -231,7 +278,7 @@ def _architecture_path(title: str) -> str:
 
 
 def test_classify_runs_each_of_its_steps_through_the_step_it_is_given(ctx, tmp_path):
-    """``bench.app_budget`` times ``classify.answer`` itself through its ``step``: a new photo's answer runs
+    """``bench.app_budget`` times ``classify.classified`` itself through its ``step``: a new photo's answer runs
     reading the upload (its digest, then its header), decoding, preprocessing, the model's views, the map and the
     overlay through it, in that order, and answers with what they return; an image analysed before runs only its
     digest, the map and the overlay."""
@@ -246,16 +293,17 @@ def test_classify_runs_each_of_its_steps_through_the_step_it_is_given(ctx, tmp_p
         return seen[-1][1]
 
     request = {"image": Upload(str(photo)), "model_choice": ctx.models.default}
-    done = classify.answer(ctx, Request(request), step)
+    done = classify.classified(ctx, Prepared(request), step)
     labels, overlay, covered = done.labels, done.overlay, done.covered
     names = [name for name, _ in seen]
     assert names == ["read", "read", "decode", "preprocess", "model views", "map", "overlay"], names
     assert covered == classify.NEW and seen[-1][1] is overlay
-    assert seen[1][1] == (451, 300) and seen[2][1].size == (451, 300)  # the header's size, the decoded image
+    assert seen[1][1].size == (451, 300)  # the header, then the decoded image and its size, from that opening
+    assert seen[2][1][0].size == seen[2][1][1] == (451, 300)
     seen.clear()
-    again = classify.answer(ctx, Request(request))  # no step given: run as they are
+    again = classify.classified(ctx, Prepared(request))  # no step given: run as they are
     assert seen == [] and again.labels == labels and again.covered != classify.NEW
-    classify.answer(ctx, Request(request), step)
+    classify.classified(ctx, Prepared(request), step)
     assert [name for name, _ in seen] == ["read", "map", "overlay"]
 
 

@@ -40,7 +40,8 @@ def test_a_job_ends_within_its_budget_and_its_memory_estimate(ctx, tmp_path):  #
     assert last["result"]["complete"] and last["result"]["temperature"] is not None, last
     assert whole <= start + budget + SLACK_S, (whole, start, [(round(t), r.get("phase")) for t, r in reports])
     images = sum(found.counts.values())
-    reserved = train.estimate(ctx, {"model_choice": ctx.models.default, "images": images}) - estimates.REQUEST_BYTES
+    model = ctx.models.get(ctx.models.default)[0]
+    reserved = train.estimate(ctx, model, False, images) - estimates.REQUEST_BYTES
     assert 0 < last["peak_bytes"] <= reserved, (last["peak_bytes"] / 2**20, reserved / 2**20)
 
 

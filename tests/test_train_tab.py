@@ -303,7 +303,7 @@ def test_the_job_holds_its_estimate_in_the_memory_gate(ctx, tmp_path):
     _, update = train.train(small, photos, ctx.models.default, 0.1, False, types.SimpleNamespace(session_hash="g"))
     assert update[0].startswith("⚠️ This request needs about") and _unchanged(update)
     assert issubclass(Busy, gr.Error)  # what ``train`` turns into its progress line
-    assert train.estimate(ctx, {"model_choice": ctx.models.default}) > trainset.WORKER_BYTES
+    assert train.estimate(ctx, ctx.models.get(ctx.models.default)[0], False, None) > trainset.WORKER_BYTES
     ctx.trainer.finish(ctx.trainer.start("next", 1))
 
 

@@ -31,7 +31,7 @@ from webapp.registry.catalog import BUNDLED, ROOT
 from webapp.server.admission import MB, Gate, rss
 from webapp.tabs import batch, compare, explore
 from webapp.ui import events, picker
-from webapp.ui.endpoints import problem
+from webapp.ui.endpoints import Prepared, problem
 
 from .rss import peak_of
 
@@ -228,11 +228,16 @@ def test_explore_draws_every_head(tmp_path, kind):
 
 def test_settings_are_checked():
     model = _model()
-    s = parse_settings(model, "Raw attention", "3", layer=-2, head="3", discard_ratio=0.5, opacity=1)
+    s = parse_settings(model, methods.RAW, "3", layer=-2, head="3", discard_ratio=0.5, opacity=1)
     assert (s.layer, s.head, s.target, s.discard_ratio) == (0, 3, 3, 0.5)
     assert parse_settings(model).target is None and parse_settings(model, head="mean").head is None
+    # a method's title is parsed once, by the request (its estimate takes the default for a title not in the table)
+    assert Prepared({"method": "Raw attention"}).method(methods.ATTNLRP) is methods.RAW
+    assert Prepared({}).method(methods.ATTNLRP) is methods.ATTNLRP
+    with pytest.raises(ValueError, match="Saliency"):
+        Prepared({"method": "Saliency"}).method(methods.ATTNLRP)
+    assert Prepared({"method": "Saliency"}).method(methods.ATTNLRP, strict=False) is methods.ATTNLRP
     bad = [
-        dict(method="Saliency"),
         dict(target="zebra"),
         dict(layer=2),
         dict(layer=-3),
@@ -568,7 +573,7 @@ def test_an_image_over_the_servers_pixel_limit_is_refused_as_the_servers_limit(m
     buf = io.BytesIO()
     Image.new("RGB", (20, 10)).save(buf, "PNG")
     with pytest.raises(ImageDataError, match=r"20x10 pixels is more than this server accepts") as e:
-        analysis.read_upload_header(buf.getvalue())
+        analysis.open_upload(buf.getvalue())
     assert "max_pixels" not in str(e.value)  # a visitor cannot raise it
     with pytest.raises(TooManyPixelsError, match="raise max_pixels"):  # the library's own words, for code
         vit_core.data.load_image(buf.getvalue(), max_pixels=100)

@@ -4,7 +4,8 @@ Everything a model sees goes through ``build_transform(model.pretrained_cfg, tra
 evaluation and the app resize, crop and normalise the same way (timm's ``pretrained_cfg``: input_size, mean,
 std, interpolation, crop_pct). The app opens user files with ``load_image`` (``images.py``), which refuses
 bombs and corrupt files with an ``ImageDataError`` and returns an upright "RGB" or "L" image, decoded reduced
-when asked (``max_side``); ``read_header`` says what decoding one costs before any pixel is decoded.
+when asked (``max_side``); ``read_header`` says what decoding one costs before any pixel is decoded, and
+``open_image`` does both from one opening (its ``ImageFile``'s ``header``, then ``decode``).
 
 Datasets (``build_dataset(spec, split)``, ``datasets.py``) yield ``(image, label)`` and carry ``.classes``
 (label names) and ``.targets`` (int64 tensor):
@@ -50,10 +51,12 @@ from .datasets import (
 )
 from .images import (
     ImageDataError,
+    ImageFile,
     ImageHeader,
     TooManyPixelsError,
     load_image,
     match_channels,
+    open_image,
     read_header,
     to_model_mode,
 )
@@ -64,6 +67,7 @@ __all__ = [
     "Batches",
     "HFImageDataset",
     "ImageDataError",
+    "ImageFile",
     "ImageFolderDataset",
     "ImageHeader",
     "ImageTransform",
@@ -80,6 +84,7 @@ __all__ = [
     "index_subset",
     "load_image",
     "match_channels",
+    "open_image",
     "other_photos",
     "read_header",
     "storage_transform",

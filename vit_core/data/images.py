@@ -100,14 +100,8 @@ def target_size(size: tuple[int, int], max_side: int | None = None, min_side: in
 def read_header(src: ImageSource, max_pixels: int = 50_000_000) -> ImageHeader:
     """The size (upright), format and mode an image declares, read without decoding its pixels; an
     ``ImageDataError`` for non-images and for images over ``max_pixels`` (decompression bombs)."""
-    name = _describe(src)
-    with _opened(src, name) as img:
-        _check_pixels(img, name, max_pixels)
-        w, h = img.size
-        # a PNG may keep its EXIF after the pixels, where reading it means decoding them: stored size then
-        known = img.format != "PNG" or "exif" in img.info
-        upright = (h, w) if known and _orientation(img) in (5, 6, 7, 8) else (w, h)
-        return ImageHeader(upright, img.format or "", img.mode)
+    with open_image(src, max_pixels) as opened:
+        return opened.header
 
 
 def load_image(
@@ -129,23 +123,66 @@ def load_image(
       and their full-size pixels freed.
       ``ImageHeader.decode_bytes`` says what that costs.
     """
+    return open_image(src, max_pixels).decode(max_side, min_side)
+
+
+class ImageFile:
+    """An image opened once and not decoded yet (``open_image``): what it declares (``header``), then its pixels
+    (``decode``, as ``load_image`` gives them), from that one opening: a server that estimates what decoding
+    costs before it decodes parses the file's header once. Decoded once: decoding closes it."""
+
+    def __init__(self, img: Image.Image, name: str, owned: bool) -> None:
+        self._img, self.name, self._owned = img, name, owned
+        with _errors(name):
+            w, h = img.size
+            # a PNG may keep its EXIF after the pixels, where reading it means decoding them: stored size then
+            known = img.format != "PNG" or "exif" in img.info
+            upright = (h, w) if known and _orientation(img) in (5, 6, 7, 8) else (w, h)
+            self.header = ImageHeader(upright, img.format or "", img.mode)
+
+    def decode(self, max_side: int | None = None, min_side: int = 0) -> Image.Image:
+        """The pixels, as ``load_image`` decodes them with these arguments; the file is closed after."""
+        try:
+            with _errors(self.name):
+                return _decode(self._img, self.name, max_side, min_side, self._owned)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Let the file go (an image handed in as a PIL image is its caller's, and stays open)."""
+        if self._owned:
+            self._img.close()
+
+    def __enter__(self) -> ImageFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_image(src: ImageSource, max_pixels: int = 50_000_000) -> ImageFile:
+    """``src`` opened lazily (its header read, no pixel decoded), refused over ``max_pixels``
+    (``TooManyPixelsError``) and with every failure an ``ImageDataError`` naming the source."""
     name = _describe(src)
-    with _opened(src, name) as img:
+    if isinstance(src, Image.Image):
+        img = src
+    else:
+        with _errors(name):
+            img = Image.open(io.BytesIO(src) if isinstance(src, bytes | bytearray) else src)
+    try:
         _check_pixels(img, name, max_pixels)
-        return _decode(img, name, max_side, min_side, owned=img is not src)
+        return ImageFile(img, name, owned=img is not src)
+    except BaseException:
+        if img is not src:
+            img.close()
+        raise
 
 
 @contextmanager
-def _opened(src: ImageSource, name: str) -> Iterator[Image.Image]:
-    """``src`` opened lazily (header only), with every failure turned into an ``ImageDataError``."""
+def _errors(name: str) -> Iterator[None]:
+    """Every failure of opening or decoding ``name`` as an ``ImageDataError`` that names it and the problem."""
     try:
-        if isinstance(src, Image.Image):
-            yield src
-            return
-        if isinstance(src, bytes | bytearray):
-            src = io.BytesIO(src)
-        with Image.open(src) as img:
-            yield img
+        yield
     except ImageDataError:
         raise
     except UnidentifiedImageError as e:

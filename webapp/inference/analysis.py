@@ -6,8 +6,8 @@ same forward pass: the decoded image, the model input, the probabilities and eve
 in bytes), so a settings change costs a map and a picture, not a decode and a forward pass. An analysis refers to
 its model weakly: the model registry's limits (``--max-loaded``, ``--max-loaded-mb``) decide which models stay in
 memory, and a model it evicts or forgets is freed, its analyses no longer answered (32 cached analyses held 32
-models alive before, 11 GB of fine-tuned ViT-B/16s past a 3 GB limit). Cached tensors
-live on the CPU: on a ZeroGPU Space the GPU is attached only for the duration of one call.
+models alive before, 11 GB of fine-tuned ViT-B/16s past a 3 GB limit). Cached tensors live on the CPU: on a
+ZeroGPU Space the GPU is attached only for the duration of one call.
 
 Maps come from the methods of ``vit_core.methods``, so the app shows exactly what the library computes: those
 made from attentions are drawn from the cached ones (``Method.from_attentions``); the others run the model and
@@ -35,7 +35,7 @@ from PIL import Image
 
 from vit_core import VisionTransformer, explain
 from vit_core.calibration import predict
-from vit_core.data import ImageDataError, ImageHeader, ImageTransform, TooManyPixelsError, load_image, read_header
+from vit_core.data import ImageDataError, ImageFile, ImageHeader, ImageTransform, TooManyPixelsError, open_image
 from vit_core.data.images import ImageSource
 from vit_core.explain import answer as answers
 
@@ -71,10 +71,8 @@ class Analysis:
     attentions: list[torch.Tensor]  # per block (1, heads, T, T) float32, CPU
     ood_score: float | None = None  # the model's "none of my classes" score; None: it has no detector
     is_ood: bool | None = None  # the score above the model's stored threshold; None: no detector
-    # maps that run the model, by (method key, class or None, options): computed once, then kept
-    maps: dict[tuple, torch.Tensor] = field(default_factory=dict)
-    # the seconds each of those maps took to compute, by the same keys
-    seconds: dict[tuple, float] = field(default_factory=dict)
+    maps: dict[tuple, torch.Tensor] = field(default_factory=dict)  # maps that run the model, kept (``map_key``)
+    seconds: dict[tuple, float] = field(default_factory=dict)  # the seconds each of those maps took, by its key
     created: float = field(default_factory=time.perf_counter)  # when the forward pass ended (a cache hit is older)
 
     @property
@@ -145,11 +143,11 @@ class AnalysisCache:
 ANALYSES = AnalysisCache()
 
 
-def read_upload_header(src: ImageSource) -> ImageHeader:
-    """``read_header`` with this server's ``MAX_PIXELS``: an upload over it is refused in words for the person
+def open_upload(src: ImageSource) -> ImageFile:
+    """``open_image`` with this server's ``MAX_PIXELS``: an upload over it is refused in words for the person
     who sent it (the limit is the server's, not theirs to raise)."""
     try:
-        return read_header(src, MAX_PIXELS)
+        return open_image(src, MAX_PIXELS)
     except TooManyPixelsError as e:
         w, h = e.size
         raise ImageDataError(
@@ -159,11 +157,11 @@ def read_upload_header(src: ImageSource) -> ImageHeader:
 
 
 class Upload:
-    """An uploaded image file, read once: its SHA-256 (``ANALYSES``' key), its header (the memory gate's
-    estimate, the server's pixel limit) and its pixels all come from that one read, made when one of them is
-    first asked for. Made by the upload component (``webapp.ui.inputs.ImageUpload``) for each request, so the
-    gate's estimate and the handler share it; equal for the same file (the page compares what its results are
-    about, ``webapp.ui.events.subject_of``)."""
+    """An uploaded image file, read once and opened once: its SHA-256 (``ANALYSES``' key), its header (the memory
+    gate's estimate, the server's pixel limit) and its pixels all come from that one read and that one opening
+    (``open_upload``), made when one of them is first asked for. Made by the upload component
+    (``webapp.ui.inputs.ImageUpload``) for each request, so the gate's estimate and the handler share it; equal
+    for the same file (the page compares what its results are about, ``webapp.ui.events.subject_of``)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -190,15 +188,25 @@ class Upload:
         return hashlib.sha256(self.data).hexdigest()
 
     @cached_property
-    def header(self) -> ImageHeader:
-        """``read_upload_header`` of the bytes read."""
-        return read_upload_header(self.file())
-
-    def file(self) -> io.BytesIO:
-        """The bytes read, as a file named like the upload (``load_image``'s messages name it)."""
+    def opened(self) -> ImageFile:
+        """The bytes read, opened (``open_upload``), named like the upload for ``load_image``'s messages."""
         buf = io.BytesIO(self.data)
         buf.name = self.path
-        return buf
+        return open_upload(buf)
+
+    @cached_property
+    def header(self) -> ImageHeader:
+        return self.opened.header
+
+    def decode(self, transform: ImageTransform) -> tuple[Image.Image, tuple[int, int]]:
+        """Its pixels (``decode``) from the opening its header came from, which decoding closes (a second decode,
+        after the analysis was evicted, opens the bytes again), and its upright size in its own pixels."""
+        size, opened = self.header.size, self.opened
+        del self.__dict__["opened"]
+        img = decode(opened, transform)
+        if (img.width < img.height) != (size[0] < size[1]):  # a PNG whose EXIF rotation came after its pixels
+            size = size[::-1]
+        return img, size
 
 
 def declared(image: Upload | str | None) -> tuple[ImageHeader | None, int]:
@@ -208,8 +216,7 @@ def declared(image: Upload | str | None) -> tuple[ImageHeader | None, int]:
         return None, 0
     upload = upload_of(image)
     try:
-        size = len(upload.data)
-        return upload.header, size
+        return upload.header, len(upload.data)
     except ImageDataError:
         return None, 0
 
@@ -225,11 +232,11 @@ def needed_side(transform: ImageTransform) -> int:
     return math.ceil(max(transform.size) / transform.crop_pct)
 
 
-def decode(src: ImageSource, transform: ImageTransform) -> Image.Image:
-    """An upload's pixels as every tab decodes them, so that the same file gets the same numbers on each:
+def decode(opened: ImageFile, transform: ImageTransform) -> Image.Image:
+    """An opened upload's pixels as every tab decodes them, so that the same file gets the same numbers on each:
     reduced to ``MAX_SIDE`` (and never below ``needed_side`` for the model), never held at full size where its
     format allows (``load_image``). An image within ``MAX_SIDE`` is decoded whole, as ``load_image(path)``."""
-    return load_image(src, MAX_PIXELS, MAX_SIDE, needed_side(transform))
+    return opened.decode(MAX_SIDE, needed_side(transform))
 
 
 def untimed(name: str, work: Callable[[], T]) -> T:
@@ -265,10 +272,8 @@ def analyse(
         return p.probs[0].float().cpu(), [a.float().cpu() for a in p.attentions], score, is_ood
 
     def compute() -> Analysis:
-        size = step("read", lambda: upload.header.size)
-        img = step("decode", lambda: decode(upload.file(), transform))
-        if (img.width < img.height) != (size[0] < size[1]):  # a PNG whose EXIF rotation came after its pixels
-            size = size[::-1]
+        step("read", lambda: upload.header)
+        img, size = step("decode", lambda: upload.decode(transform))
         x, shown = step("preprocess", lambda: prepare(img))
         probs, attentions, ood_score, is_ood = step("model views", lambda: views(x))
         return Analysis(
@@ -322,10 +327,7 @@ def analyse_first(
     if (cached := ANALYSES.get(key, model)) is not None:
         yield cached
         return
-    size = upload.header.size
-    img = decode(upload.file(), transform)
-    if (img.width < img.height) != (size[0] < size[1]):  # a PNG whose EXIF rotation came after its pixels
-        size = size[::-1]
+    img, size = upload.decode(transform)
     x, shown = transform(img).unsqueeze(0), render.display_copy(img, MAX_SIDE)
     crop = tuple(transform.crop_box(*size))
     lrp = settings is not None and settings.method.key == "attnlrp" and answers.shares_forward(model)

@@ -26,9 +26,6 @@ the model (CPU only)   ``vit_core.models.model.activation_bytes`` per image of a
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from vit_core import ViTConfig, methods
 from vit_core.data import ImageHeader, ImageTransform
 from vit_core.data.images import target_size
@@ -70,22 +67,6 @@ def image_bytes(header: ImageHeader | None, transform: ImageTransform | None, dr
     return max(header.decode_bytes(MAX_SIDE, need), (4 + draw) * shown + model)
 
 
-def model_of(loaded: Callable[[str], tuple[Any, ImageTransform] | None], choice: object) -> tuple:
-    """The model a request chose and its transform, if it is loaded now (``Models.loaded``); else (None, None),
-    and the estimate leaves the model out: the request then waits a second for the load and most often answers
-    "still loading"."""
-    got = loaded(choice) if isinstance(choice, str) else None
-    return got if got is not None else (None, None)
-
-
-def method_of(title: object) -> methods.Method | None:
-    """The method a request names, or None (the default's, or a name the request's checks will refuse)."""
-    try:
-        return methods.by_title(title)
-    except ValueError:
-        return None
-
-
 def image_request(
     declared: tuple[ImageHeader | None, int], transform: ImageTransform | None, draw: int, model: int
 ) -> int:
@@ -96,7 +77,7 @@ def image_request(
     return REQUEST_BYTES + size + image_bytes(header, transform, draw, model)
 
 
-def request_only(ctx: object, arguments: dict[str, Any]) -> int:
+def request_only(ctx: object, request: object) -> int:
     """Listeners that compute nothing large themselves (the model picker waits for a load, which its own limits
     bound: ``--max-model-mb``, ``--max-loaded-mb``)."""
     return REQUEST_BYTES

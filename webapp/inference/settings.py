@@ -167,7 +167,7 @@ def _unit(value: object, what: str, hi: float) -> float:
 
 def parse_settings(
     model: VisionTransformer,
-    method: str | None = None,
+    method: Method | None = None,
     target: str | None = PREDICTED,
     layer: object = -1,
     head: object = "mean",
@@ -175,9 +175,9 @@ def parse_settings(
     discard_ratio: object = 0.0,
     opacity: object = 0.5,
 ) -> Settings:
-    """Settings from a request's raw values (``method``: a title from the table; None: the first method);
-    ``ValueError`` naming the bad one and the valid range."""
-    chosen = methods.METHODS[0] if method is None else methods.by_title(method)
+    """Settings from a request's raw values (``method``: parsed from its title, ``webapp.ui.endpoints.Prepared``;
+    None: the table's first); ``ValueError`` naming the bad one and the valid range."""
+    chosen = methods.METHODS[0] if method is None else method
     if head_fusion not in explain.HEAD_FUSIONS:
         raise ValueError(f"head fusion must be one of {', '.join(explain.HEAD_FUSIONS)}, got {quote(head_fusion)}")
     return Settings(
@@ -216,10 +216,9 @@ class MapSettings:
         """The settings among a request's ``values`` (by name); those it does not send at their defaults."""
         return cls(**{name: values[name] for name in cls.names() if name in values})
 
-    def checked(self, model: VisionTransformer, default: Method | None = None) -> Settings:
-        """The settings checked against ``model`` (``parse_settings``); no method: ``default``, else the table's
-        first (a request that draws every method)."""
-        method = self.method or (default.title if default is not None else None)
+    def checked(self, model: VisionTransformer, method: Method) -> Settings:
+        """The settings checked against ``model`` (``parse_settings``), drawing ``method`` (``self.method`` parsed,
+        or a default: ``webapp.ui.endpoints.Prepared.checked``)."""
         return parse_settings(
             model, method, self.target, self.layer, self.head, self.head_fusion, self.discard_ratio, self.opacity
         )

@@ -167,7 +167,7 @@ def from_zip(path: str | Path, dest: Path, limits: Limits, declared: tuple[int, 
         folder.mkdir(exist_ok=True)
         (folder / f"{counts[name]:05d}{RAW}").write_bytes(data)
         counts[name] += 1
-    return _checked(_found(dest, counts, skipped), limits.min_per_class, declared)
+    return _enough(_found(dest, counts, skipped), limits.min_per_class, declared)
 
 
 def decode_folder(
@@ -195,7 +195,7 @@ def decode_folder(
             image.save(raw.with_suffix(".jpg"), quality=95)
             counts[raw.parent.name] += 1
         raw.unlink()
-    return _checked(_found(folder, counts, skipped), min_per_class)
+    return _enough(_found(folder, counts, skipped), min_per_class)
 
 
 def _found(folder: Path, counts: Counter[str], skipped: list[str]) -> TrainSet:
@@ -203,7 +203,7 @@ def _found(folder: Path, counts: Counter[str], skipped: list[str]) -> TrainSet:
     return TrainSet(folder, dict(sorted(counts.items())), skipped, others)
 
 
-def _checked(found: TrainSet, min_per_class: int, declared: tuple[int, int] | None = None) -> TrainSet:
+def _enough(found: TrainSet, min_per_class: int, declared: tuple[int, int] | None = None) -> TrainSet:
     """``found`` if it makes a training set, else ``ValueError`` in words that say what the zip held: nothing, no
     photos among its files, or too few classes or images (``declared``: the zip's entries and directory size)."""
     entries = declared[0] if declared is not None else None

@@ -29,10 +29,8 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,9 +66,6 @@ class Loaded:
     model: vit_core.VisionTransformer
     transform: ImageTransform
     nbytes: int
-
-
-_ONE_REQUEST = threading.local()  # the choices resolved for the request this thread handles (``one_request``)
 
 
 class Models:
@@ -132,33 +127,18 @@ class Models:
             return "" if _cached(choice) else HUB_OFFLINE
         return HUB_DOWN if time.monotonic() < self._hub_down_until else ""
 
-    @contextmanager
-    def one_request(self) -> Iterator[None]:
-        """Resolve each model choice once while the block runs (a request: its memory estimate, then its
-        computation, ask about the same choice through ``loaded``, ``get`` and ``key_of``)."""
-        outer = getattr(_ONE_REQUEST, "choices", None)
-        _ONE_REQUEST.choices = {} if outer is None else outer
+    def resolve(self, text: object) -> Choice:
+        """The checkpoint a model choice names (``Access.resolve``); a refusal is a ``gr.Error`` for the person who
+        asked, logged. A request resolves its choice once (``webapp.ui.endpoints.Prepared.choice``)."""
         try:
-            yield
-        finally:
-            _ONE_REQUEST.choices = outer
-
-    def _resolve(self, text: str) -> Choice:
-        """``access.resolve``, once per choice within ``one_request`` (a refusal is raised each time it is asked)."""
-        memo = getattr(_ONE_REQUEST, "choices", None)
-        if memo is None:
-            return self.access.resolve(text)
-        key = (id(self), text)
-        if key not in memo:
-            memo[key] = self.access.resolve(text)
-        return memo[key]
+            return self.access.resolve(text if isinstance(text, str) else "")
+        except ModelError as e:
+            log.warning("model %r: %s", str(text)[:200], e.detail)
+            raise gr.Error(str(e), print_exception=False) from None
 
     def key_of(self, choice: str) -> str:
         """The canonical key of a servable choice: equal for every spelling of one checkpoint."""
-        try:
-            return self._resolve(choice).key
-        except ModelError as e:
-            raise gr.Error(str(e), print_exception=False) from None
+        return self.resolve(choice).key
 
     def note(self, choice: str) -> str:
         """For the status line: with ``--model auto``, which model it chose and why; else empty."""
@@ -166,10 +146,11 @@ class Models:
             return ""
         return f" {self._auto_note}"
 
-    def folder_of(self, choice: str) -> Path | None:
-        """The local folder a servable choice loads from (for its metrics and model card), else None."""
+    def folder_of(self, choice: Choice | str) -> Path | None:
+        """The local folder a servable choice (resolved, or a picker value) loads from (for its metrics and model
+        card), else None."""
         try:
-            c = self.access.resolve(choice)
+            c = choice if isinstance(choice, Choice) else self.access.resolve(choice)
         except ModelError:
             return None
         return Path(c.source) if c.local and Path(c.source).is_dir() else None
@@ -235,39 +216,35 @@ class Models:
         )
         return bundled
 
-    def get_keyed(self, choice: str) -> tuple[vit_core.VisionTransformer, ImageTransform, str]:
-        """``get`` and ``key_of`` for one resolution of ``choice``: the model, its preprocessing and its key."""
-        loaded = self._get(choice, self.options.request_wait)
-        return loaded.model, loaded.transform, loaded.choice.key
-
-    def get(self, choice: str, wait: float | None = None) -> tuple[vit_core.VisionTransformer, ImageTransform]:
-        """The model ``choice`` names and its preprocessing. Not loaded yet: starts (or joins) its load and
-        waits up to ``wait`` seconds (default: the request wait). Any refusal or failure is a ``gr.Error``
-        with a short message for the person who asked."""
-        loaded = self._get(choice, self.options.request_wait if wait is None else wait)
+    def get(self, choice: Choice | str, wait: float | None = None) -> tuple[vit_core.VisionTransformer, ImageTransform]:
+        """The model ``choice`` names (resolved, or a picker value to resolve) and its preprocessing. Not loaded
+        yet: starts (or joins) its load and waits up to ``wait`` seconds (default: the request wait). Any refusal
+        or failure is a ``gr.Error`` with a short message for the person who asked."""
+        resolved = choice if isinstance(choice, Choice) else self.resolve(choice)
+        try:
+            loaded = self._get_choice(resolved, self.options.request_wait if wait is None else wait)
+        except ModelError as e:
+            log.warning("model %r: %s", resolved.label[:200], e.detail)
+            raise gr.Error(str(e), print_exception=False) from None
         return loaded.model, loaded.transform
 
-    def loaded(self, choice: str) -> tuple[vit_core.VisionTransformer, ImageTransform] | None:
-        """The model ``choice`` names and its preprocessing if it is loaded now, else None; starts no load and
-        logs nothing (for a request's memory estimate, before the request itself asks)."""
-        try:
-            key = self._resolve(choice).key
-        except ModelError:
+    def loaded(self, choice: Choice | str | None) -> tuple[vit_core.VisionTransformer, ImageTransform] | None:
+        """The model ``choice`` names (resolved, or a picker value) and its preprocessing if it is loaded now, else
+        None; starts no load and logs nothing (for a request's memory estimate, before the request itself asks)."""
+        if isinstance(choice, str):
+            try:
+                choice = self.access.resolve(choice)
+            except ModelError:
+                return None
+        if choice is None:
             return None
         with self._lock:
-            hit = self._loaded.get(key)
+            hit = self._loaded.get(choice.key)
         return None if hit is None else (hit.model, hit.transform)
 
     def load(self, choice: str) -> tuple[vit_core.VisionTransformer, ImageTransform]:
         """``get`` for the model picker: waits for the load (the UI shows progress meanwhile)."""
         return self.get(choice, UI_LOAD_WAIT)
-
-    def _get(self, text: str, wait: float | None) -> Loaded:
-        try:
-            return self._get_choice(self._resolve(text), wait)
-        except ModelError as e:
-            log.warning("model %r: %s", str(text)[:200], e.detail)
-            raise gr.Error(str(e), print_exception=False) from None
 
     def _get_choice(self, choice: Choice, wait: float | None) -> Loaded:
         """ModelError when refused, failed (now or recently) or still loading. Messages name the checkpoint as

@@ -23,8 +23,6 @@ The estimate of each request is ``webapp.inference.estimates``; fair queueing an
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import os
 import threading
@@ -32,7 +30,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import gradio as gr
 
@@ -109,20 +106,6 @@ class Gate:
         self._idle = threading.Event()  # set when the server goes idle after a large request
         self._collector: threading.Thread | None = None  # started at the first large request
         self.reserved: Callable[[], int] = lambda: 0  # memory kept for what is not a request (sessions to come)
-
-    def admit(self, fn: Callable, cost: Callable[[dict[str, Any]], int]) -> Callable:
-        """``fn`` (a Gradio listener) behind the gate: ``cost`` gets its arguments by name and returns its
-        estimated peak memory in bytes. The signature is ``fn``'s (Gradio reads it for progress and events)."""
-        signature = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def gated(*args, **kwargs):
-            bound = signature.bind_partial(*args, **kwargs).arguments
-            with self.held(cost(bound)):
-                return fn(*args, **kwargs)
-
-        gated.__signature__ = signature  # not one ``wraps`` copied from a bound method's function (with its ``ctx``)
-        return gated
 
     @contextmanager
     def held(self, cost: int) -> Iterator[None]:

@@ -44,10 +44,10 @@ class Refused(gr.Error):
 def install(demo: gr.Blocks, public: bool) -> None:
     """Check every request's endpoint and values (see the module's docstring); ``public``: refuse URLs."""
     wrap_get_fn(_known_fn)
-    wrap_process_api(demo, lambda process_api: _checked(demo, process_api, public), "payloads")
+    wrap_process_api(demo, lambda process_api: _with_checks(demo, process_api, public), "payloads")
 
 
-def _checked(demo: gr.Blocks, process_api: Callable[..., Any], public: bool) -> Callable[..., Any]:
+def _with_checks(demo: gr.Blocks, process_api: Callable[..., Any], public: bool) -> Callable[..., Any]:
     signature = inspect.signature(process_api)
 
     @functools.wraps(process_api)

@@ -6,7 +6,7 @@ module owns
   declares its endpoints: the API's (``/classify``..., made by ``endpoints.api`` from its computation), the
   page's requests (their computation, outputs, what the outputs show when cleared or failed), each with its
   ``estimate`` of a request's memory (``webapp.inference.estimates``'s parts);
-- its computation, on a ``Request`` (the values by name, their ``MapSettings``).
+- its computation, on a ``Prepared`` (the values by name, their ``MapSettings``).
 
 ``webapp.ui.events`` makes every handler and event from the declarations (gated, ticketed: ``webapp.ui.events``).
 Adding a tab is one module with these and one entry in ``app.TABS`` (``docs/extending.md``).

@@ -28,13 +28,14 @@ from vit_core.calibration import predict
 from vit_core.data import ImageDataError, ImageTransform
 
 from ..inference import estimates, render
-from ..inference.analysis import MAX_SIDE, autocast, decode, needed_side, read_upload_header
+from ..inference.analysis import MAX_SIDE, autocast, decode, needed_side, open_upload
 from ..inference.archives import MAX_IMAGES, Item, read_uploads
 from ..inference.model_info import UNSURE_BELOW, verdict
 from ..inference.settings import Settings, legend, lrp_based, lrp_notice
 from ..server.tempfiles import process_folder
 from ..ui.controls import tiles
-from ..ui.endpoints import Answer, Api, Clear, Context, Event, Page, Request, Tab, api, problem_last
+from ..ui.declarations import Api, Clear, Event, Page, Shown, Tab, problem_last
+from ..ui.endpoints import Context, Prepared, api
 from ..ui.inputs import CheckedRadio, Uploads
 
 TITLE = "Batch"
@@ -51,11 +52,11 @@ def batchable() -> list[methods.Method]:
     return [m for m in methods.METHODS if m.batchable]
 
 
-def _batch(ctx: Context, request: Request) -> tuple[list[tuple[Image.Image, str]], str, str]:
+def _batch(ctx: Context, request: Prepared) -> tuple[list[tuple[Image.Image, str]], str, str]:
     """Many images (files, or zip archives of images) at once: a gallery of overlays, a CSV of each image's
     top-k predictions (downloadable), and a one-line summary. At most 64 images per batch."""
-    model, transform = ctx.models.get(request["model_choice"])
-    s, k = request.settings.checked(model), request.settings.top(model)
+    model, transform, _ = ctx.model(request)
+    s, k = request.checked(model, batchable()[0]), request.settings.top(model)
     items, gallery = classify_batch(model, transform, request["files"] or [], s, ctx.device)
     path = write_csv(items, model.class_names, k)
     skipped = [i for i in items if i.probs is None]
@@ -93,7 +94,7 @@ def build(ctx: Context, page: Page) -> Tab:
     csv = gr.File(label="Top-k predictions (CSV)", elem_id="batch-csv")
     outputs = [gallery, csv, note]
     inputs = {"files": files, "model_choice": picker.active, "method": method, **c.named("top_k", "opacity")}
-    shown = Answer(
+    shown = Shown(
         _batch, estimate, inputs, outputs, problem_last(BLANK), GROUP, subject=("files", "model_choice"), ready=_chosen
     )
     subject = (files, picker.active)
@@ -108,19 +109,19 @@ def build(ctx: Context, page: Page) -> Tab:
     )
 
 
-def _chosen(request: Request) -> bool:
+def _chosen(request: Prepared) -> bool:
     """Whether there are files to classify (removing them leaves the cleared results)."""
     return bool(request["files"])
 
 
-def estimate(ctx: Context, arguments: dict) -> int:
+def estimate(ctx: Context, request: Prepared) -> int:
     """One image decoded at a time (at most ``MAX_DECODE_BYTES``), the gallery's overlays, and on a CPU one
     chunk through the model (forward passes, or ``BACKWARD`` of them for a map with a backward pass)."""
-    model, _ = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
+    model, _ = ctx.loaded(request)
     gallery = MAX_IMAGES * 4 * THUMB * THUMB
     work = 0
     if model is not None and ctx.device.type == "cpu":
-        method = estimates.method_of(arguments.get("method")) or batchable()[0]
+        method = request.method(batchable()[0], strict=False)
         factor = estimates.BACKWARD if method.cost.backward else 2
         work = factor * estimates.forward_bytes(model.config, chunk_size(method))
     return estimates.REQUEST_BYTES + MAX_DECODE_BYTES + gallery + work
@@ -140,24 +141,24 @@ def _decode(item: Item, data: bytes, transform: ImageTransform, left: Decoding) 
     buf.name = item.name  # load_image's messages name their source
     need = needed_side(transform)
     try:
-        header = read_upload_header(buf)
-        w, h = header.decoded_size(MAX_SIDE, need)
-        if header.decode_bytes(MAX_SIDE, need) > MAX_DECODE_BYTES:
-            item.error = (
-                f"skipped: decoding this {header.size[0]}x{header.size[1]} {header.format} takes about "
-                f"{header.decode_bytes(MAX_SIDE, need) >> 20:,} MB, more than a batch gives one image "
-                f"({MAX_DECODE_BYTES >> 20} MB); classify it on its own"
-            )
-            return None
-        if w * h > left.pixels:
-            item.error = (
-                f"skipped: decoding it takes {w * h:,} pixels, more than the batch has left "
-                f"({left.pixels:,} of {MAX_DECODED_PIXELS:,}); send large images in smaller batches"
-            )
-            return None
-        left.pixels -= w * h
-        buf.seek(0)
-        return decode(buf, transform)
+        with open_upload(buf) as opened:  # its header read once, for the charge and the decode
+            header = opened.header
+            w, h = header.decoded_size(MAX_SIDE, need)
+            if header.decode_bytes(MAX_SIDE, need) > MAX_DECODE_BYTES:
+                item.error = (
+                    f"skipped: decoding this {header.size[0]}x{header.size[1]} {header.format} takes about "
+                    f"{header.decode_bytes(MAX_SIDE, need) >> 20:,} MB, more than a batch gives one image "
+                    f"({MAX_DECODE_BYTES >> 20} MB); classify it on its own"
+                )
+                return None
+            if w * h > left.pixels:
+                item.error = (
+                    f"skipped: decoding it takes {w * h:,} pixels, more than the batch has left "
+                    f"({left.pixels:,} of {MAX_DECODED_PIXELS:,}); send large images in smaller batches"
+                )
+                return None
+            left.pixels -= w * h
+            return decode(opened, transform)
     except ImageDataError as e:
         item.error = str(e)
         return None

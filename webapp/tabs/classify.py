@@ -34,7 +34,8 @@ from ..inference.analysis import (
 from ..inference.settings import MapSettings, Settings, check_top_k, head_name, layer_name
 from ..registry.catalog import EXAMPLES
 from ..ui.controls import Controls, figure
-from ..ui.endpoints import Answer, Api, Clear, Context, Event, Page, Request, Tab, api, problem
+from ..ui.declarations import Api, Clear, Event, Page, Shown, Tab
+from ..ui.endpoints import Context, Prepared, api, problem
 from ..ui.inputs import JpegFigure
 
 TITLE = "Classify"
@@ -62,18 +63,18 @@ def explains(a: Analysis, s: Settings) -> str:
     return f"Map explains: {names[target]} ({why})"
 
 
-def estimate(ctx: Context, arguments: dict) -> int:
+def estimate(ctx: Context, request: Prepared) -> int:
     """A request's memory: the upload decoded, then the analysis and the map asked for (on a CPU) beside the
     overlay (``webapp.inference.estimates``)."""
-    model, transform = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
+    model, transform = ctx.loaded(request)
     work = 0
     if model is not None and ctx.device.type == "cpu":
-        method = estimates.method_of(arguments.get("method")) or ctx.default_method
+        method = request.method(ctx.default_method, strict=False)
         work = estimates.analysis_bytes(model.config) + estimates.map_bytes(model.config, method)
-    return estimates.image_request(declared(arguments.get("image")), transform, DRAW_BYTES, work)
+    return estimates.image_request(declared(request.values.get("image")), transform, DRAW_BYTES, work)
 
 
-def _classify(ctx: Context, request: Request) -> tuple[dict[str, float], Image.Image, float, str, str, dict]:
+def _classify(ctx: Context, request: Prepared) -> tuple[dict[str, float], Image.Image, float, str, str, dict]:
     """Top-k classes; the image with a relevance map over the region the model saw (with a colour bar);
     the compute time in ms (decode, model and map; a cached forward pass is reused when only the settings
     change); the prediction in words with, when it is not a plain answer, why on a second line ("Not sure -
@@ -82,17 +83,17 @@ def _classify(ctx: Context, request: Request) -> tuple[dict[str, float], Image.I
     the same decision and reason.
     A method of None is the server's default map (AttnLRP unless the server chose another).
     Layer and head (raw attention) are numbered from 0; a negative layer counts from the end (-1: the last)."""
-    return answer(ctx, request).api()
+    return classified(ctx, request).api()
 
 
 classify = api(_classify, ("image", "model_choice", *MapSettings.names()), progress=True)
 
-NEW, MAP_ONLY, CACHED = "new", "map only", "cached"  # what a compute time covered (``answer``)
+NEW, MAP_ONLY, CACHED = "new", "map only", "cached"  # what a compute time covered (``classified``)
 
 
 @dataclass(frozen=True)
 class Classified:
-    """``answer``'s result: what ``/classify`` returns (``api``), and what its compute time covered."""
+    """``classified``.s result: what ``/classify`` returns (``api``), and what its compute time covered."""
 
     labels: dict[str, float]  # the top-k classes and their probabilities
     overlay: Image.Image  # the map over the image, with its colour bar
@@ -107,8 +108,8 @@ class Classified:
         return self.labels, self.overlay, self.compute_ms, self.verdict, self.explained, self.ood
 
 
-def answer(
-    ctx: Context, request: Request, step: Step = untimed, *, analysed: tuple[Analysis, float] | None = None
+def classified(
+    ctx: Context, request: Prepared, step: Step = untimed, *, analysed: tuple[Analysis, float] | None = None
 ) -> Classified:
     """``classify``'s answer to ``request`` (its image, model and settings), and what the compute time
     covered: ``NEW`` (the image decoded and run through the model, then the map), ``MAP_ONLY`` (the image's
@@ -117,9 +118,8 @@ def answer(
     ``analysed``: the analysis already made for this request (``show``'s two answers) and when the request
     started."""
     t0 = time.perf_counter() if analysed is None else analysed[1]
-    a = ctx.analysis(request["image"], request["model_choice"], step) if analysed is None else analysed[0]
-    settings = request.settings
-    s, k = settings.checked(a.model, ctx.default_method), settings.top(a.model)
+    a = ctx.analysis(request, step) if analysed is None else analysed[0]
+    s, k = request.checked(a.model, ctx.default_method), request.settings.top(a.model)
     map_cached = s.method.from_attentions is None and map_key(a, s) in a.maps
     heat = step("map", lambda: relevance(a, s, ctx.device, request.report))
     compute_ms = (time.perf_counter() - t0) * 1000
@@ -138,7 +138,7 @@ def picture(a: Analysis, heat: torch.Tensor, s: Settings) -> Image.Image:
 
 
 def compute_note(ms: float, covered: str) -> str:
-    """The compute time in words, saying what it covered (``answer``)."""
+    """The compute time in words, saying what it covered (``classified``)."""
     took = model_info.format_ms(ms)
     if covered == NEW:
         return f"Computed in {took} (decode, model and map)."
@@ -177,23 +177,23 @@ def chart(labels: dict[str, float], decision: str) -> dict:
 BLANK = (None, None, "", "", "")  # labels, overlay, compute time, verdict (shown large), class explained
 
 
-def show(ctx: Context, request: Request) -> Iterator[tuple]:
+def show(ctx: Context, request: Prepared) -> Iterator[tuple]:
     """The tab's results for what is on screen, in two parts for an image not analysed yet: the first answer
     (``first_look``: one forward pass of the image alone, its classes and the attention rollout of that pass),
-    then the full answer (``answer``: the calibrated views, the "none of my classes" check and the map asked for),
+    then the full answer (``classified``: the calibrated views, the "none of my classes" check and the map asked for),
     which says so where its class is not the first answer's. A cached image gets the full answer at once.
     Nothing before an image is there."""
     if request["image"] is None:
         yield BLANK
         return
     t0, first = time.perf_counter(), None
-    for part in ctx.analysis_steps(request["image"], request["model_choice"], request.settings):
+    for part in ctx.analysis_steps(request):
         if isinstance(part, FirstLook):
             first = part
             yield first_look(ctx, request, part)
         else:
             a = part
-    done = answer(ctx, request, analysed=(a, t0))
+    done = classified(ctx, request, analysed=(a, t0))
     verdict = done.verdict
     if first is not None and int(first.probs.argmax()) != int(a.probs.argmax()):
         said = a.names[int(first.probs.argmax())]
@@ -203,7 +203,7 @@ def show(ctx: Context, request: Request) -> Iterator[tuple]:
     yield chart(done.labels, done.ood["decision"]), done.overlay, note, headline(verdict), done.explained
 
 
-def first_look(ctx: Context, request: Request, first: FirstLook) -> tuple:
+def first_look(ctx: Context, request: Prepared, first: FirstLook) -> tuple:
     """The first answer as the tab shows it: the image alone's classes (its views not averaged yet, no "none of
     my classes" check yet, said in quiet type), its attention rollout over the image, and what follows."""
     names = first.names
@@ -305,7 +305,7 @@ def build(ctx: Context, page: Page) -> Tab:
     results = [labels, overlay, compute_time, verdict, explained]
     gr.on([c.image.change, button.click], None, [c.image], None, js=SCROLL_TO_RESULTS_JS)
     inputs = {"image": c.image, "model_choice": picker.active, **c.named()}
-    shown = Answer(
+    shown = Shown(
         show,
         estimate,
         inputs,

@@ -25,7 +25,8 @@ from ..inference.analysis import Analysis, autocast, declared, explained_class, 
 from ..inference.model_info import format_ms
 from ..inference.settings import Settings, affordable, head_name, layer_name, legend, lrp_based, lrp_notice
 from ..ui.controls import tiles
-from ..ui.endpoints import Answer, Api, Clear, Context, Event, Page, Request, Tab, api, problem_last
+from ..ui.declarations import Api, Clear, Event, Page, Shown, Tab, problem_last
+from ..ui.endpoints import Context, Prepared, api
 
 TITLE = "Compare"
 COMPARE_STEPS = 16  # deletion/insertion curve points: 2 x 17 forward passes per map, batched
@@ -62,25 +63,25 @@ def score_methods(
     return scored
 
 
-def estimate(ctx: Context, arguments: dict) -> int:
+def estimate(ctx: Context, request: Prepared) -> int:
     """The upload decoded, then on a CPU the analysis, every map this server draws for the model, and the
     deletion and insertion curves, ``COMPARE_STEPS + 1`` images each."""
-    model, transform = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
+    model, transform = ctx.loaded(request)
     work = 0
     if model is not None and ctx.device.type == "cpu":
         cfg = model.config
         curves = estimates.forward_bytes(cfg, COMPARE_STEPS + 1, attention=False)
         runs = [m for m in methods.METHODS if affordable(m, cfg, ctx.device)]
         work = estimates.analysis_bytes(cfg) + sum(estimates.map_bytes(cfg, m) for m in runs) + curves
-    return estimates.image_request(declared(arguments.get("image")), transform, DRAW_BYTES, work)
+    return estimates.image_request(declared(request.values.get("image")), transform, DRAW_BYTES, work)
 
 
-def _compare(ctx: Context, request: Request) -> tuple[list[tuple[Image.Image, str]], list[list], str]:
+def _compare(ctx: Context, request: Prepared) -> tuple[list[tuple[Image.Image, str]], list[list], str]:
     """Every method's map (RISE where it fits the server's budget) and a centre-Gaussian baseline for the same
     image and class, each with its deletion AUC (lower is better) and insertion AUC (higher is better), and on
     its picture and caption the time the map took on this image."""
-    a = ctx.analysis(request["image"], request["model_choice"])
-    s = request.settings.checked(a.model)
+    a = ctx.analysis(request)
+    s = request.checked(a.model, methods.METHODS[0])
     scored = score_methods(a, s, ctx.device, request.report)
     gallery, table = [], []
     for name, heat, deletion, insertion, ms in scored:
@@ -131,7 +132,7 @@ def build(ctx: Context, page: Page) -> Tab:
     outputs = [gallery, table, text]
     inputs = {"image": c.image, "model_choice": page.picker.active, **c.named(*SETTINGS)}
     # one progress bar, not one over each output
-    shown = Answer(
+    shown = Shown(
         _compare,
         estimate,
         inputs,

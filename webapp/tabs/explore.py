@@ -20,25 +20,14 @@ import gradio as gr
 import torch
 from PIL import Image
 
-from vit_core import VisionTransformer, explain
+from vit_core import VisionTransformer, explain, methods
 
 from ..inference import estimates, render
 from ..inference.analysis import Analysis, declared
 from ..inference.settings import Settings, head_name, layer_name
 from ..ui.controls import figure, head_choices, layer_range
-from ..ui.endpoints import (
-    Answer,
-    Api,
-    Clear,
-    Context,
-    Event,
-    Page,
-    Request,
-    Tab,
-    api,
-    problem,
-    problem_last,
-)
+from ..ui.declarations import Api, Clear, Event, Page, Shown, Tab, problem_last
+from ..ui.endpoints import Context, Prepared, api, problem
 from ..ui.inputs import CheckedDropdown
 
 TITLE = "Explore"
@@ -152,29 +141,29 @@ def patch_maps(a: Analysis, patch: Patch, s: Settings) -> tuple[Image.Image, Ima
     )
 
 
-def estimate_view(ctx: Context, arguments: dict) -> int:
+def estimate_view(ctx: Context, request: Prepared) -> int:
     """The picture to click, or a click: the upload decoded, its analysis, a 720-pixel picture."""
-    return _estimate(ctx, arguments, VIEW_DRAW_BYTES)
+    return _estimate(ctx, request, VIEW_DRAW_BYTES)
 
 
-def estimate(ctx: Context, arguments: dict) -> int:
+def estimate(ctx: Context, request: Prepared) -> int:
     """A patch's maps: the analysis, and 320-pixel crops."""
-    return _estimate(ctx, arguments, DRAW_BYTES)
+    return _estimate(ctx, request, DRAW_BYTES)
 
 
-def _estimate(ctx: Context, arguments: dict, draw: int) -> int:
-    model, transform = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
+def _estimate(ctx: Context, request: Prepared, draw: int) -> int:
+    model, transform = ctx.loaded(request)
     cpu = model is not None and ctx.device.type == "cpu"
     work = estimates.analysis_bytes(model.config) if cpu else 0
-    return estimates.image_request(declared(arguments.get("image")), transform, draw, work)
+    return estimates.image_request(declared(request.values.get("image")), transform, draw, work)
 
 
-def _explore(ctx: Context, request: Request) -> tuple[Image.Image, Image.Image, Image.Image, str]:
+def _explore(ctx: Context, request: Prepared) -> tuple[Image.Image, Image.Image, Image.Image, str]:
     """The patch under the point (x, y) of the image, in the image's own pixels: its attention over the
     patches at a layer (from 0, the first; negative from the end) for a head (from 0, or the mean), its
     attention-rollout row, every head of that layer, and a sentence. The patch is outlined on each map."""
-    a = ctx.analysis(request["image"], request["model_choice"])
-    s = request.settings.checked(a.model)
+    a = ctx.analysis(request)
+    s = request.checked(a.model, methods.METHODS[0])
     x, y = request["x"], request["y"]
     patch = patch_at(a, float(x), float(y))
     if patch is None:
@@ -187,32 +176,32 @@ explore = api(_explore, ("image", "model_choice", "x", "y", *SETTINGS))
 EMPTY = (None, None, None, None, None)  # x, y and the three maps
 
 
-def picture(ctx: Context, request: Request) -> tuple:
+def picture(ctx: Context, request: Prepared) -> tuple:
     """After a new image or model: the picture to click, no point, no maps."""
     image = request["image"]
-    shown = None if image is None else clickable(ctx.analysis(image, request["model_choice"]))
+    shown = None if image is None else clickable(ctx.analysis(request))
     return shown, *EMPTY, HINT if image is not None else ""
 
 
-def point(ctx: Context, request: Request) -> tuple:
+def point(ctx: Context, request: Prepared) -> tuple:
     """A click on the picture: its pixels to the upload's (x, y), which ``redraw`` then follows."""
     if request["image"] is None or request.event.index is None:
         return gr.skip(), gr.skip()
-    x, y = from_view(ctx.analysis(request["image"], request["model_choice"]), *request.event.index)
+    x, y = from_view(ctx.analysis(request), *request.event.index)
     return round(x, 1), round(y, 1)
 
 
-def redraw(ctx: Context, request: Request) -> tuple:
+def redraw(ctx: Context, request: Prepared) -> tuple:
     """The chosen patch's maps and the picture with it outlined, for the point and settings on screen; the
     reason in place of the maps when the point is outside the region the model saw."""
-    a = ctx.analysis(request["image"], request["model_choice"])
+    a = ctx.analysis(request)
     patch = patch_at(a, float(request["x"]), float(request["y"]))
     if patch is None:
         return clickable(a), None, None, None, OUTSIDE
-    return clickable(a, patch), *patch_maps(a, patch, request.settings.checked(a.model))
+    return clickable(a, patch), *patch_maps(a, patch, request.checked(a.model, methods.METHODS[0]))
 
 
-def pointed(request: Request) -> bool:
+def pointed(request: Prepared) -> bool:
     """Whether there is a point to draw (before one is chosen, ``picture`` drew the page)."""
     return request["image"] is not None and request["x"] is not None and request["y"] is not None
 
@@ -262,13 +251,13 @@ def build(ctx: Context, page: Page) -> Tab:
     image, active = c.image, picker.active
     maps = [patch_attention, patch_rollout, heads_grid, patch_text]
     subject, hidden = {"image": image, "model_choice": active}, {"show_progress": "hidden"}
-    drawn = Answer(
+    drawn = Shown(
         picture, estimate_view, subject, [view_image, point_x, point_y, *maps], problem_last((None, *EMPTY, "")), GROUP
     )
-    clicked = Answer(point, estimate_view, subject, [point_x, point_y], _no_point, POINT, select=True, options=hidden)
+    clicked = Shown(point, estimate_view, subject, [point_x, point_y], _no_point, POINT, select=True, options=hidden)
     settings = {"layer": layer, "head": head, **c.named("head_fusion", "discard_ratio", "opacity")}
     inputs = {**subject, "x": point_x, "y": point_y, **settings}
-    maps_drawn = Answer(redraw, estimate, inputs, [view_image, *maps], _no_maps, GROUP, ready=pointed, options=hidden)
+    maps_drawn = Shown(redraw, estimate, inputs, [view_image, *maps], _no_maps, GROUP, ready=pointed, options=hidden)
     # redrawn after a click, a typed point or a setting; not on the point's `change`, which clearing it fires too
     triggers = [point_x.submit, point_y.submit, layer.release, head.input, c.head_fusion.input]
     triggers += [c.discard_ratio.release, c.opacity.release]

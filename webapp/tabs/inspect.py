@@ -14,18 +14,8 @@ from ..inference import estimates, model_info
 from ..registry.catalog import EXAMPLES
 from ..resources import MB
 from ..ui.controls import figure
-from ..ui.endpoints import (
-    Answer,
-    Api,
-    Clear,
-    Context,
-    Event,
-    Page,
-    Request,
-    Tab,
-    api,
-    problem_last,
-)
+from ..ui.declarations import Api, Clear, Event, Page, Shown, Tab, problem_last
+from ..ui.endpoints import Context, Prepared, api
 
 TITLE = "Inspect"
 FIGURE_BYTES = 64 * MB  # the tab's matplotlib figures
@@ -37,22 +27,21 @@ FIGURE_7 = """What this model learned, drawn as in the ViT paper's figure 7, and
   and the patches it attends to; one dot per head)."""
 
 
-def estimate(ctx: Context, arguments: dict) -> int:
+def estimate(ctx: Context, request: Prepared) -> int:
     """The figures, and on a CPU a forward pass of the example photos."""
-    model, _ = estimates.model_of(ctx.models.loaded, arguments.get("model_choice"))
+    model, _ = ctx.loaded(request)
     cpu = model is not None and ctx.device.type == "cpu"
     work = estimates.forward_bytes(model.config, len(EXAMPLES)) + FIGURE_BYTES if cpu else 0
     return estimates.REQUEST_BYTES + work
 
 
-def _inspect(ctx: Context, request: Request) -> tuple[Image.Image, Image.Image, Image.Image, str]:
+def _inspect(ctx: Context, request: Prepared) -> tuple[Image.Image, Image.Image, Image.Image, str]:
     """The paper's figure 7 for the loaded model (filters, position-embedding similarity, mean attention
     distance over the example images) and a summary of what it is."""
-    choice = request["model_choice"]
-    model, transform = ctx.models.get(choice)
+    model, transform, _ = ctx.model(request)
     images = torch.stack([transform(load_image(p)) for p in EXAMPLES])
     figs = model_info.inspect_figures(model, images, ctx.device)
-    return *figs, model_info.summary(model, ctx.models.folder_of(choice))
+    return *figs, model_info.summary(model, ctx.models.folder_of(request.choice(ctx.models)))
 
 
 inspect_model = api(_inspect, ("model_choice",))  # not "inspect": the module and the standard library have that name
@@ -73,7 +62,7 @@ def build(ctx: Context, page: Page) -> Tab:
     summary = gr.Markdown(label="Model summary", elem_id="summary")
     outputs = [filters, similarity, distance, summary]
     model = ("model_choice", "model_choice")  # the results are about the model alone
-    shown = Answer(
+    shown = Shown(
         _inspect, estimate, {"model_choice": picker.active}, outputs, problem_last(BLANK), GROUP, subject=model
     )
     active = (picker.active, picker.active)

@@ -34,7 +34,8 @@ from ..jobs.result_page import confusion_image, keep_misclassified, summary
 from ..jobs.trainer import Job, TrainingBusy, zip_run
 from ..jobs.trainset import LOCAL, PUBLIC, Limits, from_zip
 from ..ui.controls import figure
-from ..ui.endpoints import Api, Context, Page, Tab
+from ..ui.declarations import Api, Page, Tab
+from ..ui.endpoints import Context
 from ..ui.inputs import PathFile
 
 TITLE = "Train"
@@ -55,19 +56,13 @@ def limits_of(ctx: Context) -> Limits:
     return PUBLIC if ctx.models.options.public else LOCAL
 
 
-def estimate(ctx: Context, arguments: dict) -> int:
+def estimate(ctx: Context, model: vit_core.VisionTransformer, double_size: bool, images: int | None) -> int:
     """The request and its training process (``trainset.training_bytes``) for ``images`` photos (the zip's
-    entries; without them, the most the limits allow) on the chosen model, at twice its input size with
+    entries; without them, the most the limits allow) on ``model``, at twice its input size with
     ``double_size``."""
-    images = min(arguments.get("images") or limits_of(ctx).max_images, limits_of(ctx).max_images)
-    choice = arguments.get("model_choice")
-    model, _ = (isinstance(choice, str) and ctx.models.loaded(choice)) or (None, None)
-    if model is None:
-        return estimates.REQUEST_BYTES + trainset.WORKER_BYTES
-    cfg = model.config
-    if arguments.get("double_size"):
-        cfg = cfg.replace(img_size=2 * cfg.img_size)
-    return estimates.REQUEST_BYTES + trainset.training_bytes(cfg, model.num_params(), images)
+    limit = limits_of(ctx).max_images
+    cfg = model.config.replace(img_size=2 * model.config.img_size) if double_size else model.config
+    return estimates.REQUEST_BYTES + trainset.training_bytes(cfg, model.num_params(), min(images or limit, limit))
 
 
 def _curve(points: list[dict]) -> pd.DataFrame:
@@ -125,22 +120,22 @@ def train(
     else."""
     yield ("Checking the zip…", *[gr.skip()] * (OUTPUTS - 1))  # the previous attempt's warning goes at once
     try:
-        yield from _checked(ctx, photos, model_choice, minutes, double_size, getattr(request, "session_hash", None))
+        yield from _job(ctx, photos, model_choice, minutes, double_size, getattr(request, "session_hash", None))
     except gr.Error as e:  # Busy, a refused model and the checks below are gr.Errors too
         yield _problem(e.message)
 
 
-def _checked(
+def _job(
     ctx: Context, photos: str | None, model_choice: str, minutes: float, double_size: bool, session: str | None
 ) -> Iterator[tuple]:
-    """``train`` once its arguments are checked, holding the job slot and the memory gate."""
+    """``train``'s job: its arguments checked, then run holding the job slot and the memory gate."""
     limits = limits_of(ctx)
     if not photos:
         raise gr.Error("Upload a zip of photos, one folder per class.", print_exception=False)
     if not 0 < minutes <= limits.max_minutes:
         raise gr.Error(f"The time budget is at most {limits.max_minutes:g} minutes.", print_exception=False)
-    model, _ = ctx.models.get(model_choice)  # the access rules, and the loaded model's size
-    source = ctx.models.access.resolve(model_choice)
+    choice = ctx.models.resolve(model_choice)  # once: the access rules, the loaded model's size, the job's source
+    model, _ = ctx.models.get(choice)
     size = 2 * model.config.img_size if double_size else None
     if size is not None and size > MAX_DOUBLED:
         raise gr.Error(f"Twice this model's input is over {MAX_DOUBLED} px: too slow to train here.")
@@ -152,8 +147,8 @@ def _checked(
     declared = _declared(photos)  # the gate reserves for its photos; a zip holding more is refused (``_train``)
     entries = declared[0] if declared is not None else None
     try:
-        with ctx.held(estimate, model_choice=model_choice, double_size=double_size, images=entries):
-            yield from _train(ctx, job, photos, source.source, size, declared)
+        with ctx.held(lambda: estimate(ctx, model, double_size, entries)):
+            yield from _train(ctx, job, photos, choice.source, size, declared)
     finally:
         trainer.finish(job)
 

@@ -1,18 +1,14 @@
-"""What every tab's handlers share and what a tab declares of its requests, for ``webapp.ui.events`` to turn into
-handlers and events: the ``Context`` every handler takes first (the app's models, the memory gate, the trainer);
-a tab lays out its components and returns a ``Tab``.
+"""What every tab's handlers share at request time, for ``webapp.ui.events`` to make handlers of: the ``Context``
+every handler takes first (the app's models, the memory gate, the trainer; a request's model and analysis), and
+the request it gets.
 
-- ``Api``: a public endpoint (``/classify``...), its function ``fn(ctx, ...)`` whose signature is what
-  ``gradio_client`` calls, behind the memory gate with the tab's estimate;
-- ``Answer``: a page request's answer, ``compute(ctx, request)`` on a ``Request`` (the inputs by name), shown
-  only while it is the page's newest (``webapp.ui.events``), ``failed(message)`` in place of the results otherwise;
-- ``Event``: when the page sends an ``Answer`` (its triggers, or after another event of the tab);
-- ``Clear``: what a change of subject (the image, files or model) blanks at once.
+A request is prepared once (``Prepared``): its memory estimate and its computation read the same model choice,
+resolved once, the same method, parsed once, and the same upload, opened once.
 
-A tab's ``build(ctx, page)`` gets a ``Page`` (the picker, the shared ``Controls``) and returns its ``Tab``.
-
-``api`` builds a public function from a computation on a ``Request``: its parameters (names and defaults, the
-API's contract) are listed once here (``PARAMETERS``), not spelled out again in each tab.
+``api`` builds a public function (``Public``) from a computation on a ``Prepared``: its parameters (names and
+defaults, the API's contract) are listed once here (``PARAMETERS``), not spelled out again in each tab. Its bad
+requests are said in a line (``user_errors``), and a page's in place of its results (``problem``). What a tab
+declares of its endpoints and events is ``webapp.ui.declarations``.
 """
 
 from __future__ import annotations
@@ -22,31 +18,28 @@ import inspect
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gradio as gr
 import torch
 
-from vit_core import methods
-from vit_core.data import ImageDataError
+from vit_core import VisionTransformer, methods
+from vit_core.data import ImageDataError, ImageTransform
 
 from ..errors import MAX_CHARS, log, public
 from ..inference.analysis import Analysis, FirstLook, Step, Upload, analyse, analyse_first, untimed
-from ..inference.settings import MapSettings
+from ..inference.settings import MapSettings, Settings
 from ..jobs.trainer import Trainer
+from ..registry.access import Choice
 from ..registry.catalog import BUNDLED_LABEL
 from ..registry.models import Models
 from ..server.admission import Gate
 
-if TYPE_CHECKING:  # the page's parts, which a tab's build gets; the picker takes a Context
-    from .controls import Controls
-    from .picker import Fitted, Picker
-
-# A tab's estimate of a request's memory (``webapp.inference.estimates``): the context, then the handler's arguments
-# by name.
-Estimate = Callable[["Context", dict[str, Any]], int]
+# A tab's estimate of a request's memory (``webapp.inference.estimates``): the context, then the request, prepared
+# once for the estimate and the computation.
+Estimate = Callable[["Context", "Prepared"], int]
 
 
 def _unchanged(fn: Callable) -> Callable:
@@ -77,23 +70,32 @@ class Context:
         """The map shown before a visitor picks one (``--default-method``)."""
         return self.models.options.default_method
 
-    def analysis(self, image: Upload | str | None, model_choice: str, step: Step = untimed) -> Analysis:
-        """The (cached) forward pass of ``image`` through the chosen model (its steps through ``step``)."""
-        if image is None:
-            raise gr.Error("Upload, paste or capture an image first (Classify tab).")
-        model, transform = self.models.get(model_choice)
-        return analyse(model, transform, self.models.key_of(model_choice), image, self.device, step)
+    def loaded(self, request: Prepared) -> tuple[VisionTransformer, ImageTransform] | tuple[None, None]:
+        """The model ``request`` chose and its transform if it is loaded now, else (None, None): a memory estimate
+        then leaves the model out (the request waits a moment for the load and most often answers "still
+        loading")."""
+        got = self.models.loaded(request.choice(self.models, strict=False))
+        return got if got is not None else (None, None)
 
-    def analysis_steps(
-        self, image: Upload | str | None, model_choice: str, settings: MapSettings
-    ) -> Iterator[FirstLook | Analysis]:
+    def model(self, request: Prepared) -> tuple[VisionTransformer, ImageTransform, str]:
+        """The model ``request`` chose (loaded, or waited for), its transform and its key (the analyses' cache)."""
+        choice = request.choice(self.models)
+        model, transform = self.models.get(choice)
+        return model, transform, choice.key
+
+    def analysis(self, request: Prepared, step: Step = untimed) -> Analysis:
+        """The (cached) forward pass of the request's image through its model (its steps through ``step``)."""
+        image = _image(request)
+        model, transform, key = self.model(request)
+        return analyse(model, transform, key, image, self.device, step)
+
+    def analysis_steps(self, request: Prepared) -> Iterator[FirstLook | Analysis]:
         """``analysis`` in two answers for an image not analysed yet (``analysis.analyse_first``): the first
-        answer of one forward pass, then the analysis; ``settings``, checked against the model, say which map
-        that pass may serve (AttnLRP's)."""
-        if image is None:
-            raise gr.Error("Upload, paste or capture an image first (Classify tab).")
-        model, transform, key = self.models.get_keyed(model_choice)
-        s = settings.checked(model, self.default_method)
+        answer of one forward pass, then the analysis; the request's settings, checked against the model, say
+        which map that pass may serve (AttnLRP's)."""
+        image = _image(request)
+        model, transform, key = self.model(request)
+        s = request.checked(model, self.default_method)
         return analyse_first(model, transform, key, image, self.device, s)
 
     def handler(self, fn: Callable, estimate: Estimate | None) -> Callable:
@@ -102,35 +104,47 @@ class Context:
         memory gate with the tab's ``estimate`` (``admitted``). ``estimate=None``: a handler that holds the gate
         itself (``held``: the Train tab's, for as long as its process trains). ``webapp.ui.events`` attaches the
         API's handlers with this; the page's make their own hold inside ``events.if_newest``."""
-        bound = types.MethodType(fn, self)
-        return self.gpu(bound) if estimate is None else self.admitted(bound, estimate)
+        if estimate is None:
+            return self.gpu(types.MethodType(fn, self))
+        return self.admitted(fn if isinstance(fn, Public) else types.MethodType(fn, self), estimate)
 
     @contextmanager
-    def held(self, estimate: Estimate, **arguments: object) -> Iterator[None]:
-        """The memory gate's hold for a page request (its tab's ``estimate`` of ``arguments``), for
-        ``events.if_newest`` to enter once the request is known to be the page's newest: a refusal ("busy") then
-        replaces that request's results in place, and the older answers it overtook are dropped, instead of a
-        toast over an older answer that no longer matches the settings. The estimate is made on entering (a stale
-        request reads no upload); nothing to hold without a gate."""
+    def held(self, estimate: Callable[[], int]) -> Iterator[None]:
+        """The memory gate's hold of ``estimate()`` bytes (a request's, its tab's estimate of it), made on entering:
+        ``events.if_newest`` enters it once the request is known to be the page's newest, so that a refusal
+        ("busy") replaces that request's results in place, and the older answers it overtook are dropped,
+        instead of a toast over an older answer that no longer matches the settings; a stale request reads no
+        upload. Nothing to hold without a gate."""
         if self.gate is None:
             yield
             return
-        with self.gate.held(estimate(self, arguments)):
+        with self.gate.held(estimate()):
             yield
 
-    def admitted(self, fn: Callable, estimate: Estimate, gpu: bool = True) -> Callable:
-        """``fn`` behind the server's memory gate with ``estimate``, run under ``gpu`` unless ``gpu`` is False
-        (the model picker, which waits for a load that its own limits bound)."""
-        run = self.gpu(fn) if gpu else fn
-        gated = run if self.gate is None else self.gate.admit(run, lambda arguments: estimate(self, arguments))
+    def admitted(self, fn: Public | Callable, estimate: Estimate, gpu: bool = True) -> Callable:
+        """``fn`` (a ``Public`` function, or a listener that takes no ``ctx``) behind the server's memory gate with
+        ``estimate``, run under ``gpu`` unless ``gpu`` is False (the model picker, which waits for a load that its
+        own limits bound). The request is prepared once (``Public.prepare``) and both the estimate and the call
+        use it: its model choice resolved, its method parsed and its upload opened once."""
+        public = fn if isinstance(fn, Public) else Public.listener(fn)
+        call = types.MethodType(public.compute, self)
+        run = self.gpu(call) if gpu else call
 
-        @functools.wraps(gated)
-        def resolving(*args: object, **kwargs: object) -> object:
-            with self.models.one_request():  # the estimate and the call resolve the model choice once
-                return gated(*args, **kwargs)
+        @functools.wraps(fn)
+        def gated(*args: object, **kwargs: object) -> object:
+            request = public.prepare(args, kwargs)
+            with self.held(lambda: estimate(self, request)):
+                return run(request)
 
-        resolving.__signature__ = inspect.signature(gated)  # a bound handler's: not its function's, with ``ctx``
-        return resolving
+        gated.__signature__ = public.signature  # what Gradio reads: the parameters after ``ctx``
+        return gated
+
+
+def _image(request: Prepared) -> Upload | str:
+    image = request["image"]
+    if image is None:
+        raise gr.Error("Upload, paste or capture an image first (Classify tab).")
+    return image
 
 
 REQUIRED = inspect.Parameter.empty
@@ -157,9 +171,11 @@ def no_progress(*args: object, **kwargs: object) -> None:
 
 
 @dataclass(frozen=True)
-class Request:
-    """What a tab's computation gets: the request's values by name (the API's parameters or the page's inputs),
-    its map settings read from them once, where to report progress, and the page's event (a click's point)."""
+class Prepared:
+    """A request prepared once and used by both its memory estimate and its computation: its values by name (the
+    API's parameters or the page's inputs; an image is an ``Upload``, opened once), its map settings read once,
+    its method parsed once (``method``) and its model choice resolved once (``choice``); where to report
+    progress, and the page's event (a click's point)."""
 
     values: Mapping[str, Any]
     progress: Callable[..., object] = no_progress
@@ -173,124 +189,105 @@ class Request:
         """The request's map settings, read from its values once."""
         return MapSettings.of(self.values)
 
+    @cached_property
+    def _method(self) -> methods.Method | ValueError | None:
+        """The method the settings name, parsed once (None: none named; a ``ValueError``: not in the table)."""
+        title = self.settings.method
+        try:
+            return methods.by_title(title) if title else None
+        except ValueError as e:
+            return e
+
+    def method(self, default: methods.Method, strict: bool = True) -> methods.Method:
+        """The method the request names, else ``default``. A title not in the table: ``ValueError``, or with
+        ``strict=False`` (an estimate: the computation refuses the request) ``default``."""
+        named = self._method
+        if isinstance(named, ValueError):
+            if strict:
+                raise named
+            return default
+        return named or default
+
+    def choice(self, models: Models, strict: bool = True) -> Choice | None:
+        """The checkpoint the request's ``model_choice`` names, resolved once (``Models.resolve``). A refusal:
+        the ``gr.Error``, raised each time it is asked, or with ``strict=False`` (an estimate) None."""
+        if "_choice" not in self.__dict__:
+            try:
+                self.__dict__["_choice"] = models.resolve(self.values.get("model_choice"))
+            except gr.Error as e:
+                self.__dict__["_choice"] = e
+        got = self.__dict__["_choice"]
+        if isinstance(got, gr.Error):
+            if strict:
+                raise got
+            return None
+        return got
+
+    def checked(self, model: VisionTransformer, default: methods.Method) -> Settings:
+        """The map settings checked against ``model`` (``MapSettings.checked``), the method the one named or
+        ``default``."""
+        return self.settings.checked(model, self.method(default))
+
     def report(self, fraction: float, desc: str) -> None:
         """Progress in the form ``vit_core``'s functions report it."""
         self.progress(fraction, desc=desc)
 
 
-Compute = Callable[[Any, Request], Sequence]  # (the ``Context``, the request) -> the outputs' values
+Compute = Callable[[Any, Prepared], Sequence]  # (the ``Context``, the request) -> the outputs' values
 
 
-@dataclass(frozen=True)
-class Api:
-    """A public endpoint: ``fn(ctx, ...)`` on ``inputs`` (the picker's choice, not the model in use: a client
-    names its model), its errors raised; gated with ``estimate`` (None: ``fn`` holds the gate itself)."""
+class Public:
+    """A public function ``fn(ctx, ...)`` in two steps: ``prepare`` reads its arguments (those after ``ctx``, by
+    ``signature``) into a ``Prepared``, ``compute(ctx, request)`` answers it. Called, it does both;
+    ``Context.admitted`` makes the memory estimate between them, on the same request."""
 
-    name: str
-    fn: Callable
-    inputs: Sequence[gr.components.Component]
-    outputs: Sequence[gr.components.Component]
-    estimate: Estimate | None
-    triggers: Sequence = ()  # page events that call it too (the Train tab's button)
-    compute: bool = True  # in the compute group (``admission.COMPUTE``); False: concurrency as ``options`` say
-    options: Mapping[str, Any] = field(default_factory=dict)
+    def __init__(self, signature: inspect.Signature, compute: Callable[[Any, Prepared], object], like: Callable):
+        self.signature = signature  # its parameters after ``ctx``: what Gradio and the API page read
+        self.compute = compute
+        self.__name__ = self.__qualname__ = like.__name__.lstrip("_")
+        self.__doc__, self.__module__ = like.__doc__, like.__module__
 
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """``inspect.signature`` of the function: ``ctx``, then ``signature``'s parameters."""
+        ctx = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Context")
+        return self.signature.replace(parameters=[ctx, *self.signature.parameters.values()])
 
-@dataclass(frozen=True)
-class Answer:
-    """A page request: ``compute`` on ``inputs`` (named as ``Request`` gives them), shown in ``outputs`` while it
-    is the newest of ``group`` about ``subject`` (the names of the inputs its results are about: what, and the
-    model); ``failed(message)`` in their place when it fails. ``ready``: False leaves the outputs as they are
-    (no point chosen yet), without a ticket."""
+    def prepare(self, args: tuple, kwargs: dict) -> Prepared:
+        """The request of these arguments (those after ``ctx``), by name."""
+        values = dict(self.signature.bind(*args, **kwargs).arguments)
+        return Prepared(values, values.pop("progress", no_progress))
 
-    compute: Compute
-    estimate: Estimate
-    inputs: Mapping[str, gr.components.Component]
-    outputs: Sequence[gr.components.Component]
-    failed: Callable[[str], Sequence]
-    group: str
-    subject: tuple[str, str] = ("image", "model_choice")
-    ready: Callable[[Request], bool] | None = None
-    progress: bool = False  # reports progress (``Request.report``)
-    stream: bool = False  # ``compute`` yields its outputs in parts (a first answer, then the full one)
-    select: bool = False  # gets the click (``Request.event``)
-    options: Mapping[str, Any] = field(default_factory=dict)  # the event's display options (``show_progress``)
+    def __call__(self, ctx: Any, *args: object, **kwargs: object) -> object:
+        return self.compute(ctx, self.prepare(args, kwargs))
 
+    @classmethod
+    def listener(cls, fn: Callable) -> Public:
+        """A listener that takes no ``ctx`` (the model picker's), as a ``Public``: its request is its arguments
+        by name, its computation ``fn`` called with them."""
+        signature = inspect.signature(fn)
 
-@dataclass(frozen=True)
-class Event:
-    """When the page sends ``answer``: on ``triggers``, or once the tab's event named ``after`` succeeded (a
-    ``Clear``, or another ``Event``). ``name``: its private ``api_name``."""
+        def compute(ctx: Any, request: Prepared) -> object:
+            progress = {"progress": request.progress} if "progress" in signature.parameters else {}
+            return fn(**request.values, **progress)
 
-    name: str
-    answer: Answer
-    triggers: Sequence = ()
-    after: str | None = None
+        return cls(signature, compute, fn)
 
 
-@dataclass(frozen=True)
-class Clear:
-    """``outputs`` blanked (``blank(what)``) the moment ``subject`` (the image or files, and the model) changes
-    on ``triggers``, dropping the answers of ``groups`` about the previous subject (``events.on_change``)."""
-
-    name: str
-    triggers: Sequence
-    groups: Sequence[str]
-    subject: tuple[gr.components.Component, gr.components.Component]
-    blank: Callable[[Any], Sequence]
-    outputs: Sequence[gr.components.Component]
-
-
-@dataclass(frozen=True)
-class Page:
-    """What a tab's ``build`` gets: the model picker, and the page's shared image and map settings (one tab
-    renders them, every tab may read them)."""
-
-    picker: Picker
-    controls: Controls
-
-
-@dataclass(frozen=True)
-class Tab:
-    """What a tab's ``build`` returns: its endpoints, and its controls that follow the loaded model."""
-
-    apis: Sequence[Api] = ()
-    clears: Sequence[Clear] = ()
-    events: Sequence[Event] = ()
-    fitted: Fitted | None = None
-
-
-def problem_last(blank: Sequence) -> Callable[[str], tuple]:
-    """An ``Answer``'s ``failed`` for outputs whose last is a text: ``blank`` (what they show when cleared), the
-    problem in place of that text (``problem``)."""
-    return lambda message: (*blank[:-1], problem(message))
-
-
-def api(compute: Compute, names: Sequence[str], progress: bool = False, **defaults: object) -> Callable:
+def api(compute: Compute, names: Sequence[str], progress: bool = False, **defaults: object) -> Public:
     """The public function ``fn(ctx, <names>)`` of ``compute``: its parameters are ``names`` with
     ``PARAMETERS``' defaults (or ``defaults``), then ``progress`` when it reports progress; its docstring (the
-    API page's description) is ``compute``'s. It reads the arguments into a ``Request`` and answers
+    API page's description) is ``compute``'s. It reads the arguments into a ``Prepared`` and answers
     ``compute(ctx, request)``, its bad requests said in a line (``user_errors``)."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [inspect.Parameter("ctx", kind, annotation="Context")]
+    params = []
     for name in names:
         annotation, default = PARAMETERS[name]
         params.append(inspect.Parameter(name, kind, default=defaults.get(name, default), annotation=annotation))
     if progress:
         params.append(inspect.Parameter("progress", kind, default=gr.Progress(), annotation="gr.Progress"))
     signature = inspect.Signature(params, return_annotation=inspect.signature(compute).return_annotation)
-
-    def fn(*args: object, **kwargs: object) -> Sequence:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values = dict(bound.arguments)
-        ctx, report = values.pop("ctx"), values.pop("progress", no_progress)
-        return compute(ctx, Request(values, report))
-
-    fn.__signature__ = signature  # type: ignore[attr-defined]
-    fn.__name__ = fn.__qualname__ = compute.__name__.lstrip("_")
-    fn.__doc__, fn.__module__ = compute.__doc__, compute.__module__
-    return user_errors(fn)
+    return Public(signature, user_errors(compute), compute)
 
 
 def problem(message: str) -> str:

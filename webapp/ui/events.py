@@ -45,7 +45,8 @@ import gradio as gr
 from vit_core.data import ImageDataError
 
 from ..server.admission import COMPUTE
-from .endpoints import Answer, Api, Context, Request, Tab, no_progress, user_error, user_errors
+from .declarations import Api, Shown, Tab
+from .endpoints import Context, Prepared, no_progress, user_error, user_errors
 
 # The page's request counter, written into the last input (the ticket's hidden number) of every ticketed event.
 TICKET_JS = """(...args) => {
@@ -293,7 +294,7 @@ def wire(ctx: Context, tab: Tab) -> None:
     for c in tab.clears:
         sent[c.name] = on_change(c.triggers, c.groups, c.subject, c.blank, c.outputs)
     for event in tab.events:
-        a = event.answer
+        a = event.shown
         after = sent.get(event.after) if event.after is not None else None
         handler, inputs = page_handler(ctx, a, chained=isinstance(after, Cleared)), list(a.inputs.values())
         options = dict(a.options, concurrency_id=COMPUTE, api_name=event.name)
@@ -315,43 +316,42 @@ def _serve(ctx: Context, endpoint: Api) -> None:
     gr.on(triggers, handler, list(endpoint.inputs), list(endpoint.outputs), api_name=endpoint.name, **options)
 
 
-def page_handler(ctx: Context, answer: Answer, chained: bool = False) -> Callable:
-    """The page's handler of ``answer``: its inputs by name, then the ticket (``listen``), the request, and the
-    progress and the click when the answer takes them, as Gradio reads them from its signature. ``chained``: after
+def page_handler(ctx: Context, shown: Shown, chained: bool = False) -> Callable:
+    """The page's handler of ``shown``: its inputs by name, then the ticket (``listen``), the request, and the
+    progress and the click when it takes them, as Gradio reads them from its signature. ``chained``: after
     a clear (``then``), it computes once per change of subject (``Tickets.claim``)."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    names = (*answer.inputs, "ticket")
+    names = (*shown.inputs, "ticket")
     params = [inspect.Parameter(name, kind) for name in names]
     params.append(inspect.Parameter("request", kind, annotation=gr.Request))
-    if answer.progress:
+    if shown.progress:
         params.append(inspect.Parameter("progress", kind, default=gr.Progress()))
-    if answer.select:
+    if shown.select:
         params.append(inspect.Parameter("event", kind, annotation=gr.SelectData))
     signature = inspect.Signature(params)
-    n = len(answer.outputs)
+    n = len(shown.outputs)
 
-    def prepared(args: tuple, kwargs: dict) -> tuple[Request, Ticket | None, AbstractContextManager]:
+    def prepared(args: tuple, kwargs: dict) -> tuple[Prepared, Ticket | None, AbstractContextManager]:
         """The request by name, its place among the page's (None: nothing to answer) and its hold on the gate."""
         values = signature.bind(*args, **kwargs).arguments
         ticket, page, event = values.pop("ticket"), values.pop("request"), values.pop("event", None)
-        request = Request(values, values.pop("progress", no_progress), event)
+        request = Prepared(values, values.pop("progress", no_progress), event)
         session = getattr(page, "session_hash", None)
-        if (answer.ready is not None and not answer.ready(request)) or (
-            chained and not TICKETS.claim(session, answer.group)
+        if (shown.ready is not None and not shown.ready(request)) or (
+            chained and not TICKETS.claim(session, shown.group)
         ):
             return request, None, nullcontext()  # no ticket taken: the answers in flight still count
-        subject = subject_of(*(values[name] for name in answer.subject))
-        place = Ticket(session, answer.group, ticket, subject)
-        return request, place, ctx.held(answer.estimate, **values)
+        subject = subject_of(*(values[name] for name in shown.subject))
+        place = Ticket(session, shown.group, ticket, subject)
+        return request, place, ctx.held(lambda: shown.estimate(ctx, request))
 
     def handle(*args: object, **kwargs: object) -> tuple:
         request, place, held = prepared(args, kwargs)
         if place is None:
             out = (gr.skip(),) * n
         else:
-            compute = user_errors(lambda: _outputs(answer.compute(ctx, request), n))
-            with ctx.models.one_request():  # the estimate and the computation resolve the model choice once
-                out = if_newest(place, n, compute, answer.failed, held)
+            compute = user_errors(lambda: _outputs(shown.compute(ctx, request), n))
+            out = if_newest(place, n, compute, shown.failed, held)
         return out[0] if n == 1 else out  # Gradio takes one output's value bare
 
     def stream(*args: object, **kwargs: object) -> Iterator[tuple]:
@@ -359,10 +359,9 @@ def page_handler(ctx: Context, answer: Answer, chained: bool = False) -> Callabl
         if place is None:
             yield (gr.skip(),) * n
             return
-        # no ``one_request`` here: its memo is the thread's, and a generator's parts may run on other threads
-        yield from while_newest(place, n, lambda: answer.compute(ctx, request), answer.failed, held)
+        yield from while_newest(place, n, lambda: shown.compute(ctx, request), shown.failed, held)
 
-    handle = stream if answer.stream else handle
+    handle = stream if shown.stream else handle
     handle.__signature__ = signature  # type: ignore[attr-defined]
     handle.__annotations__ = {"request": gr.Request, "event": gr.SelectData}
     return ctx.gpu(handle)
