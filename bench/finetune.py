@@ -40,7 +40,7 @@ from pathlib import Path
 
 import vit_core
 from vit_core.data import default_data_root
-from vit_core.finetune import finetune_folder
+from vit_core.finetune import FinetuneOptions, finetune_folder
 from vit_core.finetune.budget import BudgetTooShort
 from vit_core.io.files import atomic_write
 from vit_core.training.evaluation import evaluate_checkpoint
@@ -89,17 +89,15 @@ def run_point(name: str, dataset: str, init: str, per_class: int | None, minutes
     t0 = time.time()
     start = str(BUNDLED) if init == "bundled" else None
     extra = scratch_overrides() if init == "scratch" else {}
-    recipe_keys = {k: v for k, v in overrides.items() if k != "strategy"}  # strategy: finetune_folder's own
-    r = finetune_folder(
-        data,
-        start,
-        out,
+    recipe_keys = {k: v for k, v in overrides.items() if k != "strategy"}  # strategy: FinetuneOptions' own
+    options = FinetuneOptions(
         minutes=minutes,
         image_size=IMAGE_SIZE,
         strategy=overrides.get("strategy", "auto"),
         overrides=extra | recipe_keys,
         overwrite=True,
     )
+    r = finetune_folder(data, start, out, options=options)
     total = time.time() - t0
     ev = {"top1": None, "ece": None, "count": 0}
     if not name.startswith("sweep_"):  # the sweep decides on train's held-out images, never on val
@@ -158,7 +156,8 @@ def b16_point() -> dict:
     if not (init / "config.json").is_file():
         vit_core.save_pretrained(vit_core.create_model("vit_base_patch16_224"), init)
     t0 = time.time()
-    r = finetune_folder(PHOTOS / "ants_and_bees" / "train", init, RUNS / "b16", minutes=3.0, overwrite=True)
+    options = FinetuneOptions(minutes=3.0, overwrite=True)
+    r = finetune_folder(PHOTOS / "ants_and_bees" / "train", init, RUNS / "b16", options=options)
     return {
         "name": "b16_random_ants_and_bees",
         "set": "ants_and_bees",
@@ -192,8 +191,10 @@ def load_point(dataset: str, loaded: bool) -> dict:
     t0 = time.time()
     name = f"load_{dataset}_{'busy' if loaded else 'idle'}"
     try:
-        r = finetune_folder(PHOTOS / dataset / "train", BUNDLED, out, minutes=minutes, image_size=IMAGE_SIZE,
-                            overwrite=True, within_budget=True, keep_stages=True)  # fmt: skip
+        options = FinetuneOptions(
+            minutes=minutes, within_budget=True, image_size=IMAGE_SIZE, overwrite=True, keep_stages=True
+        )
+        r = finetune_folder(PHOTOS / dataset / "train", BUNDLED, out, options=options)
     except BudgetTooShort as e:  # the job the Train tab would refuse: a point of its own, not a crash
         return {"name": name, "set": dataset, "loaded": loaded, "budget_s": 60 * minutes, "refused": str(e),
                 "target": target, "loadavg_before": before, "loadavg_after": os.getloadavg()}  # fmt: skip

@@ -25,7 +25,7 @@ import torch
 import vit_core
 from vit_core.calibration import predict
 from vit_core.data import build_transform, default_data_root, load_image
-from vit_core.finetune import finetune_folder
+from vit_core.finetune import FinetuneOptions, finetune_folder
 from vit_core.io.files import atomic_write
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def run(others: int, minutes: float) -> tuple[dict, dict[str, float]]:
     data, out = build_folder(others), RUNS / f"run_{others}"
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.time()
-    r = finetune_folder(data, BUNDLED, out, minutes=minutes, within_budget=True)
+    r = finetune_folder(data, BUNDLED, out, options=FinetuneOptions(minutes=minutes, within_budget=True))
     wall = time.time() - t0
     model = vit_core.from_pretrained(out).eval()
     ood = model.calibration.ood

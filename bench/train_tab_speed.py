@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 import vit_core
-from vit_core.finetune import finetune_folder
+from vit_core.finetune import FinetuneOptions, finetune_folder
 
 
 def main() -> None:
@@ -33,12 +33,9 @@ def main() -> None:
         init = Path(tmp) / "init"
         vit_core.save_pretrained(vit_core.create_model(args.model), init)
         t0 = time.time()
+        overrides = {"device": args.device, "compile": args.compile, "epochs": args.epochs}
         r = finetune_folder(
-            args.data,
-            init,
-            Path(tmp) / "run",
-            minutes=None,
-            overrides={"device": args.device, "compile": args.compile, "epochs": args.epochs},
+            args.data, init, Path(tmp) / "run", options=FinetuneOptions(minutes=None, overrides=overrides)
         )
         wall = time.time() - t0
     epochs = len(r.history)

@@ -37,7 +37,7 @@ from vit_core.calibration.ood import (
 )
 from vit_core.data import InMemoryImageDataset, build_dataset, build_transform, class_subset, fixed_subset
 from vit_core.io.calibration_file import OOD_NAME, write_calibration
-from vit_core.io.model_card import render_model_card
+from vit_core.io.model_card import CardFacts, render_model_card
 from webapp.inference.model_info import UNSURE_BELOW, facts, verdict
 
 from .test_docs import marked_block
@@ -455,13 +455,13 @@ def test_model_card_shows_calibration_or_says_it_is_unknown():
     }
     calibrated = [e | {"temperature": 0.76, "ece_uncalibrated": 0.065} for e in evals]
     images = ["curves.png", "reliability_test_flip.png"]
-    card = render_model_card(cfg, "me/m", calibration=cal, evals=calibrated, images=images)
+    card = render_model_card(cfg, "me/m", CardFacts(calibration=cal, evals=calibrated, images=images))
     section = card.split("## Calibration")[1].split("\n## ")[0]
     assert "T = 0.76" in section and "| cifar10 test, flip views | 10000 | 91.00% | 0.0650 | 0.0123 |" in section
     assert "738" not in section and "less like the training images than 95% of the held-out" in section  # no raw score
     assert "![reliability_test_flip](reliability_test_flip.png)" in section
     assert "reliability_test_flip" not in card.split("## Training curves")[1]
-    card = render_model_card(cfg, "me/m", evals=evals)
+    card = render_model_card(cfg, "me/m", CardFacts(evals=evals))
     assert "Calibration unknown" in card and "| 0.0123 | - |" in card
 
 

@@ -14,7 +14,7 @@ from PIL import Image
 import vit_core
 from train.__main__ import main as train_main
 from vit_core.data import build_transform, load_image, storage_transform, stratified_split
-from vit_core.finetune import Progress, finetune_folder
+from vit_core.finetune import FinetuneOptions, Monitor, Progress, finetune_folder
 
 from .test_engine import TINY, make_image_folder, one_thread  # noqa: F401  (autouse fixture)
 
@@ -34,8 +34,13 @@ def folder(tmp_path_factory) -> Path:
 def test_finetune_writes_a_calibrated_run_folder_that_vit_core_and_timm_load(folder, tmp_path):
     events: list[Progress] = []
     out = tmp_path / "run"
-    r = finetune_folder(folder / "train", folder / "init", out, minutes=None, image_size=16, overrides=QUICK,
-                        on_progress=events.append)  # fmt: skip
+    r = finetune_folder(
+        folder / "train",
+        folder / "init",
+        out,
+        options=FinetuneOptions(minutes=None, image_size=16, overrides=QUICK),
+        monitor=Monitor(on_progress=events.append),
+    )
     assert r.complete and r.classes == ["blue", "red"]
     # 20% of each class held out (24 -> 5 held out, 19 kept), the batch of 8 taking 2 steps an epoch
     assert (r.train_images, r.val_images) == (38, 10)
@@ -70,7 +75,9 @@ def test_the_new_head_starts_at_zero_and_the_body_from_the_checkpoint(folder, tm
     """With a learning rate of 0 nothing moves: the saved head is the zero-initialised one for the folder's
     classes, every other weight the checkpoint's."""
     zero = dict(QUICK, lr=0.0, warmup_lr=0.0, min_lr=0.0)
-    finetune_folder(folder / "train", folder / "init", tmp_path / "run", minutes=None, overrides=zero)
+    finetune_folder(
+        folder / "train", folder / "init", tmp_path / "run", options=FinetuneOptions(minutes=None, overrides=zero)
+    )
     tuned, init = vit_core.from_pretrained(tmp_path / "run"), vit_core.from_pretrained(folder / "init")
     assert tuned.head.weight.shape == (2, 16) and not tuned.head.weight.any() and not tuned.head.bias.any()
     body = {k: v for k, v in init.state_dict().items() if not k.startswith("head.")}
@@ -83,9 +90,12 @@ def test_cancel_stops_after_the_step_and_leaves_a_loadable_folder_marked_incompl
     stop_after = 6  # 4 steps an epoch: in the 2nd
     out = tmp_path / "run"
     r = finetune_folder(
-        folder / "train", folder / "init", out, minutes=None, overrides=dict(QUICK, epochs=50),
-        on_progress=events.append, should_stop=lambda: events[-1].step >= stop_after,
-    )  # fmt: skip
+        folder / "train",
+        folder / "init",
+        out,
+        options=FinetuneOptions(minutes=None, overrides=dict(QUICK, epochs=50)),
+        monitor=Monitor(on_progress=events.append, should_stop=lambda: events[-1].step >= stop_after),
+    )
     assert not r.complete and r.steps == stop_after and r.temperature is None and r.val_accuracy is None
     assert r.history[-1]["stopped"] == "asked" and r.history[-1]["steps"] == stop_after - 4
     model = vit_core.from_pretrained(out)
@@ -100,7 +110,10 @@ def test_a_spent_budget_ends_the_run_with_its_schedule_annealed(folder, tmp_path
     on the clock, has reached its end (min_lr) however few steps were taken."""
     quick = dict(QUICK, epochs=50, min_lr=1e-4)
     r = finetune_folder(
-        folder / "train", folder / "init", tmp_path / "run", minutes=1e-6, strategy="full", overrides=quick
+        folder / "train",
+        folder / "init",
+        tmp_path / "run",
+        options=FinetuneOptions(minutes=1e-6, strategy="full", overrides=quick),
     )
     last = r.history[-1]
     assert r.complete and r.steps == 1 and last["stopped"] == "budget" and last["lr"] == pytest.approx(1e-4)
@@ -109,7 +122,9 @@ def test_a_spent_budget_ends_the_run_with_its_schedule_annealed(folder, tmp_path
 
 def test_frozen_modules_keep_their_weights(folder, tmp_path):
     overrides = dict(QUICK, freeze=["patch_embed", "blocks.0.attn"])
-    finetune_folder(folder / "train", folder / "init", tmp_path / "run", minutes=None, overrides=overrides)
+    finetune_folder(
+        folder / "train", folder / "init", tmp_path / "run", options=FinetuneOptions(minutes=None, overrides=overrides)
+    )
     tuned, init = vit_core.from_pretrained(tmp_path / "run").state_dict(), vit_core.from_pretrained(folder / "init")
     for k, v in init.state_dict().items():
         frozen = k.startswith(("patch_embed.", "blocks.0.attn."))

@@ -16,7 +16,7 @@ from train.__main__ import main as train_main
 from vit_core.calibration import Calibration, predict, unlikeness
 from vit_core.calibration.ood import OODDetector, score_quantiles
 from vit_core.data import build_transform, load_image
-from vit_core.finetune import Progress, finetune_folder
+from vit_core.finetune import FinetuneOptions, Monitor, Progress, finetune_folder
 from vit_core.finetune.held_out import held_out_files
 from vit_core.io.calibration_file import read_calibration, write_calibration
 
@@ -39,8 +39,13 @@ def staged(folder, tmp_path_factory):
     """A 12 s budget, the Train tab's way (the whole call in it), every report kept."""
     events: list[Progress] = []
     out = tmp_path_factory.mktemp("staged") / "run"
-    r = finetune_folder(folder / "train", folder / "init", out, minutes=0.2, overrides=QUICK,
-                        on_progress=events.append, within_budget=True)  # fmt: skip
+    r = finetune_folder(
+        folder / "train",
+        folder / "init",
+        out,
+        options=FinetuneOptions(minutes=0.2, within_budget=True, overrides=QUICK),
+        monitor=Monitor(on_progress=events.append),
+    )
     return r, events, out
 
 
@@ -120,8 +125,12 @@ def test_the_command_line_and_the_call_write_the_same_card(folder, tmp_path, cap
     argv = ["--recipe", "finetune_folder", "--data", str(folder / "train"), "--init", str(folder / "init")]
     argv += ["--minutes", "1", "--strategy", "probe", "--out", str(tmp_path / "cli"), "--no-progress"]
     assert train_main([*argv, "--set", "batch_size=8", "cpu_precision=fp32", "channels_last=false"]) == 0
-    finetune_folder(folder / "train", folder / "init", tmp_path / "call", minutes=1, strategy="probe",
-                    overrides=QUICK)  # fmt: skip
+    finetune_folder(
+        folder / "train",
+        folder / "init",
+        tmp_path / "call",
+        options=FinetuneOptions(minutes=1, strategy="probe", overrides=QUICK),
+    )
 
     def headings(name: str) -> list[str]:
         return re.findall(r"^#+ .*$", (tmp_path / name / "README.md").read_text(), re.MULTILINE)[1:]  # past the title
@@ -133,7 +142,9 @@ def test_eval_will_not_call_training_photos_a_test(folder, tmp_path, capsys):
     """A run fine-tuned on ``train/`` evaluated on ``train/``: only its 10 held-out photos (failed before: all 48,
     38 of them training photos); on its training photos alone: refused. No top-5 for two classes."""
     out = tmp_path / "run"
-    finetune_folder(folder / "train", folder / "init", out, minutes=None, strategy="probe", overrides=QUICK)
+    finetune_folder(
+        folder / "train", folder / "init", out, options=FinetuneOptions(minutes=None, strategy="probe", overrides=QUICK)
+    )
     capsys.readouterr()
     assert train_main(["eval", "--model", str(out), "--data", str(folder / "train"), "--no-progress"]) == 0
     said = capsys.readouterr().out

@@ -20,12 +20,13 @@ from train.__main__ import main as train_main
 from vit_core.calibration import MIN_TEMPERATURE, at_search_edge, fit_temperature, predict
 from vit_core.calibration.ood import OTHERS_SCORES
 from vit_core.data import build_transform, load_image
-from vit_core.finetune import PROBE_NAME, Progress, finetune_folder
+from vit_core.finetune import PROBE_NAME, FinetuneOptions, Monitor, Progress, finetune_folder
 from vit_core.finetune.held_out import held_out_files
 from vit_core.finetune.lpft import FeatureNet, FeaturePairs, cache_features, fit_probe
 from vit_core.finetune.stages import Plan, StageRecord
-from vit_core.training.evaluation import calibrate_model
+from vit_core.training.evaluation import CalibrationImages, calibrate_model
 from vit_core.training.progress import ProgressLine
+from vit_core.training.recipe import RecipeError
 
 from .test_engine import TINY, make_image_folder, one_thread  # noqa: F401  (autouse fixture)
 
@@ -79,8 +80,12 @@ def test_a_temperature_at_the_edge_of_its_search_is_not_kept(folder, tmp_path):
         (tiny / cls).mkdir(parents=True)
         for f in sorted((folder / "train" / cls).iterdir())[:3]:
             shutil.copy(f, tiny / cls / f.name)
-    r = finetune_folder(tiny, folder / "init", tmp_path / "run", minutes=None, strategy="probe",
-                        overrides=dict(QUICK, batch_size=2))  # fmt: skip
+    r = finetune_folder(
+        tiny,
+        folder / "init",
+        tmp_path / "run",
+        options=FinetuneOptions(minutes=None, strategy="probe", overrides=dict(QUICK, batch_size=2)),
+    )
     assert (r.train_images, r.val_images) == (4, 2) and r.val_accuracy == 100 and r.temperature == 1.0
     cal = vit_core.from_pretrained(tmp_path / "run").calibration
     assert cal.temperature == 1.0 and cal.fitted_on.startswith("T = 1 kept: the held-out images could not set")
@@ -158,11 +163,13 @@ def test_the_probe_calibrated_from_cached_features_as_from_the_model_itself(fold
     data = vit_core.data.build_dataset(str(folder / "train"), "train", transform=tf)
     held, fit = torch.utils.data.Subset(data, range(0, 48, 3)), torch.utils.data.Subset(data, range(1, 48, 3))
     held.transform = fit.transform = None
-    pairs = [FeaturePairs(cache_features(model, d), cache_features(model, d, mirror=True), data.targets[d.indices])
-             for d in (held, fit)]  # fmt: skip
-    names = dict(held_out_name="h", fit_name="f", progress=False)
-    direct, report = calibrate_model(model, held, fit, **names)
-    cached, report_cached = calibrate_model(FeatureNet(model), *pairs, **names)
+    held_pairs, fit_pairs = (
+        FeaturePairs(cache_features(model, d), cache_features(model, d, mirror=True), data.targets[d.indices])
+        for d in (held, fit)
+    )
+    direct, report = calibrate_model(model, CalibrationImages(held, "h", fit, "f"), progress=False)
+    cached_images = CalibrationImages(held_pairs, "h", fit_pairs, "f")
+    cached, report_cached = calibrate_model(FeatureNet(model), cached_images, progress=False)
     assert cached.temperature == pytest.approx(direct.temperature, rel=1e-4)
     assert report_cached["threshold"] == pytest.approx(report["threshold"], rel=1e-4)
     for k, v in direct.ood.statistics.items():
@@ -172,8 +179,13 @@ def test_the_probe_calibrated_from_cached_features_as_from_the_model_itself(fold
 def test_a_probe_run_reports_its_strategy_and_writes_the_result_page_data(folder, tmp_path):
     events: list[Progress] = []
     out = tmp_path / "run"
-    r = finetune_folder(folder / "train", folder / "init", out, minutes=None, strategy="probe",
-                        overrides=QUICK, on_progress=events.append)  # fmt: skip
+    r = finetune_folder(
+        folder / "train",
+        folder / "init",
+        out,
+        options=FinetuneOptions(minutes=None, strategy="probe", overrides=QUICK),
+        monitor=Monitor(on_progress=events.append),
+    )
     assert r.complete and r.strategy == "probe" and r.steps == 0 and r.temperature is not None
     assert r.strategy_reason.startswith("1 stage in ") and "linear probe" in r.strategy_reason
     assert [e.phase for e in events] == ["loading", "features", "training", "calibrating", "done"]
@@ -196,7 +208,9 @@ def test_lp_ft_fine_tunes_the_whole_model_from_the_probes_head(folder, tmp_path)
     is the probe fitted on the cached features of every training image and its mirror."""
     out = tmp_path / "run"
     zero = dict(QUICK, lr=0.0, warmup_lr=0.0, min_lr=0.0)
-    r = finetune_folder(folder / "train", folder / "init", out, minutes=None, strategy="lp-ft", overrides=zero)
+    r = finetune_folder(
+        folder / "train", folder / "init", out, options=FinetuneOptions(minutes=None, strategy="lp-ft", overrides=zero)
+    )
     assert r.strategy == "full" and r.steps > 0  # every block: the whole model, from the probe's head
     probe, tuned = vit_core.from_pretrained(out / PROBE_NAME), vit_core.from_pretrained(out)
     recipe = json.loads((out / "recipe.json").read_text())
@@ -204,6 +218,12 @@ def test_lp_ft_fine_tunes_the_whole_model_from_the_probes_head(folder, tmp_path)
     for k, v in probe.state_dict().items():
         torch.testing.assert_close(tuned.state_dict()[k], v, rtol=0, atol=0, msg=k)
     assert probe.head.weight.abs().sum() > 0
+
+
+def test_an_unknown_strategy_is_refused_where_it_is_chosen():
+    """``FinetuneOptions`` checks its strategy when it is made, before any photo is read."""
+    with pytest.raises(RecipeError, match="strategy must be one of auto, full, lp-ft, probe, got 'fast'"):
+        FinetuneOptions(strategy="fast")
 
 
 def test_the_command_line_fine_tunes_a_folder_with_the_strategy_asked_for(folder, tmp_path, capsys):
@@ -233,7 +253,9 @@ def test_photos_of_other_things_are_no_class_and_set_the_threshold(folder, tmp_p
         Image.fromarray((img * 255).byte().numpy()).save(data / "_other" / f"{i:02d}.png")
     for strategy in ("probe", "full"):
         out = tmp_path / strategy
-        r = finetune_folder(data, folder / "init", out, minutes=None, strategy=strategy, overrides=QUICK)
+        r = finetune_folder(
+            data, folder / "init", out, options=FinetuneOptions(minutes=None, strategy=strategy, overrides=QUICK)
+        )
         assert r.classes == ["blue", "red"] and r.train_images + r.val_images == 48
         d = r.details
         assert (d["others"], d["others_chose"], d["others_measured"]) == (

@@ -38,7 +38,7 @@ from vit_core.calibration import Calibration, predict
 from vit_core.calibration.ood import OODDetector, fit_statistics
 from vit_core.io.calibration_file import OOD_NAME
 from vit_core.io.hub import HubError, push_to_hub
-from vit_core.io.model_card import final_metrics, prepare_upload, read_metrics, render_model_card
+from vit_core.io.model_card import CardFacts, final_metrics, prepare_upload, read_metrics, render_model_card
 
 TOKEN = "hf_aliceWriteToken0123456789abcdef"  # alice's
 BOB_TOKEN = "hf_bobReadToken0123456789abcdef"
@@ -481,7 +481,8 @@ def test_model_card_metadata_validates_and_carries_the_run(run_dir):
 )
 def test_model_card_dataset_and_task_from_the_recipe(recipe, datasets, eval_dataset):
     cfg = _model().config
-    text = render_model_card(cfg, "alice/x", metrics=[{"epoch": 1, "test_acc": 0.5}], recipe=(recipe, "json"))
+    facts = CardFacts(metrics=[{"epoch": 1, "test_acc": 0.5}], recipe=(recipe, "json"))
+    text = render_model_card(cfg, "alice/x", facts)
     data = ModelCard(text).data
     assert data.datasets == datasets
     assert (data.eval_results[0].dataset_type if data.eval_results else None) == eval_dataset

@@ -9,6 +9,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from vit_core import VisionTransformer
+from vit_core.calibration import CalibrationOptions
 from vit_core.data import InMemoryImageDataset, build_transform
 from vit_core.data.images import ImageDataError
 from vit_core.data.photos import photo_images, with_photos
@@ -193,7 +194,8 @@ def test_the_recipes_photos_join_the_ood_statistics(tmp_path, folder, monkeypatc
 
     monkeypatch.setattr(evaluation, "load_data", in_memory)
     spec = SPEC | {"folder": str(folder)}
-    common = dict(held_out=(40, 60), fit=(0, 40), tta=None, ood="mahalanobis", device="cpu", progress=False)
+    options = CalibrationOptions(tta=None, ood="mahalanobis")
+    common = dict(held_out=(40, 60), fit=(0, 40), options=options, device="cpu", progress=False)
     with_p, _ = evaluation.calibrate_checkpoint(tmp_path / "m", "x", photos=spec, **common)
     without, _ = evaluation.calibrate_checkpoint(tmp_path / "m", "x", **common)
 

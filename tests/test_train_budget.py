@@ -12,7 +12,7 @@ import types
 import pytest
 
 from tests.test_train_tab import ctx, two_classes  # noqa: F401 (fixture)
-from vit_core.finetune import finetune_folder
+from vit_core.finetune import FinetuneOptions, Monitor, finetune_folder
 from vit_core.finetune.budget import BudgetTooShort
 from webapp.inference import estimates
 from webapp.jobs.trainset import PUBLIC, decode_folder, from_zip
@@ -57,9 +57,8 @@ def test_a_budget_too_short_to_calibrate_is_refused_before_training(ctx, tmp_pat
             data,
             ctx.models.access.resolve(ctx.models.default).source,
             tmp_path / "run",
-            minutes=0.5 / 60,
-            within_budget=True,
-            on_progress=lambda p: steps.append(p.phase),
+            options=FinetuneOptions(minutes=0.5 / 60, within_budget=True),
+            monitor=Monitor(on_progress=lambda p: steps.append(p.phase)),
         )
     assert "training" not in steps and not (tmp_path / "run").exists()
 

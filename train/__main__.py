@@ -27,10 +27,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from vit_core.calibration import MAX_TEMPERATURE, MIN_TEMPERATURE
+from vit_core.calibration import MAX_TEMPERATURE, MIN_TEMPERATURE, CalibrationOptions
 from vit_core.calibration.ood import SCORES
 from vit_core.data import ImageDataError
-from vit_core.finetune import CARD_NAME, STRATEGIES, finetune_folder
+from vit_core.finetune import CARD_NAME, STRATEGIES, FinetuneOptions, Monitor, finetune_folder
 from vit_core.io.calibration_file import write_calibration
 from vit_core.io.files import RECIPE_NAME, CheckpointError
 from vit_core.training.evaluation import (
@@ -195,9 +195,11 @@ def run_train(argv: list[str]) -> None:
     recipe, world = Recipe.from_dict(recipe), int(os.environ.get("WORLD_SIZE", "1"))
     if recipe.val_fraction is not None and recipe.budget_minutes is not None and not args.resume and world == 1:
         # a folder within a budget: the strategy the measured speed affords, as the Train tab (finetune)
-        minutes, progress = recipe.budget_minutes, not args.no_progress
-        r = finetune_folder(recipe.data, recipe.init, args.out, minutes=minutes, strategy=args.strategy,
-                            overrides=recipe.to_dict(), overwrite=args.overwrite, progress_bar=progress)  # fmt: skip
+        finetuning = FinetuneOptions(
+            minutes=recipe.budget_minutes, strategy=args.strategy, overrides=recipe.to_dict(), overwrite=args.overwrite
+        )
+        monitor = Monitor(progress_bar=not args.no_progress)
+        r = finetune_folder(recipe.data, recipe.init, args.out, options=finetuning, monitor=monitor)
         print(f"{r.strategy_reason}; calibrated on the held-out images; wrote {shown(Path(args.out) / CARD_NAME)}")
     else:
         run_by_engine(args, recipe)
@@ -239,11 +241,10 @@ def run_calibrate(argv: list[str]) -> None:
         data,
         held_out=held_out,
         fit=tuple(args.fit),
-        tta=tta,
-        ood=None if args.ood == "none" else args.ood,
-        keep=args.keep,
+        options=CalibrationOptions(
+            tta=tta, ood=None if args.ood == "none" else args.ood, keep=args.keep, store_temperature=not seen
+        ),
         seen=seen,
-        store_temperature=not seen,
         photos=None if args.without_photos else recipe.get("photos"),
         batch_size=args.batch_size,
         device=args.device,

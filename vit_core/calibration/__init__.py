@@ -176,6 +176,20 @@ class Calibration:
         return self.temperature is not None and not self.fitted_on.startswith(TEMPERATURE_NOT_SET)
 
 
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """How a ``Calibration`` is fitted (``vit_core.training.evaluation.calibrate_model``), apart from the images it
+    is fitted on: one value, so that the command line's ``calibrate`` and a fine-tuning's ``finish_run`` state their
+    choices once and ``calibrate_checkpoint`` passes them on whole. The defaults are what the app predicts with."""
+
+    tta: str | None = "flip"  # the views the temperature is fitted for (``TTA_MODES``; None: the image alone)
+    ood: str | None = "mahalanobis"  # the "none of my classes" score (``ood.SCORES``; None: no detector)
+    keep: float = 0.95  # the share of the held-out images the detector's threshold keeps (its quantile)
+    # False: the temperature is measured and reported but the calibration holds none (the plain softmax,
+    # calibration unknown), e.g. for a model that saw its held-out images in training, where it comes out too low
+    store_temperature: bool = True
+
+
 def calibrated_views(model: nn.Module) -> str | None:
     """The views a prediction averages (:func:`tta_views`): those the model's temperature was fitted for
     (``python -m train calibrate --tta``), or the image and its mirror for a model never calibrated."""

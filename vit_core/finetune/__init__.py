@@ -1,29 +1,29 @@
 """Fine-tune a folder of labelled photos: the paper's transfer (sections 3.2 and 4.2) at small scale, as one call.
 
-``finetune_folder(data, init, out, minutes=...)`` is the whole loop: the folder's images (one sub-folder per
-class) are decoded once into memory, a share of each class is held out (``data.stratified_split``), the
-starting checkpoint gets a new head for the folder's classes (optionally a larger input, its position embeddings
-interpolated in 2D), and the budget is spent in stages (``finetune.stages``): a linear probe on cached features
-within seconds, then the engine on more and more of the model from the best so far, each stage on what is left of
-the clock and checked on the held-out photos, the best kept. Then the held-out images calibrate the temperature and
-the "none of my classes" detector (``evaluation.calibrate_model``; ``finish_run``) and measure the result
-(``eval_held-out_flip.json``), and the run folder gets its model card (``README.md``).
+``finetune_folder(data, init, out, options=FinetuneOptions(minutes=...))`` is the whole loop: the folder's images
+(one sub-folder per class) are decoded once into memory, a share of each class is held out
+(``data.stratified_split``), the starting checkpoint gets a new head for the folder's classes (optionally a larger
+input, its position embeddings interpolated in 2D), and the budget is spent in stages (``finetune.stages``): a
+linear probe on cached features within seconds, then the engine on more and more of the model from the best so
+far, each stage on what is left of the clock and checked on the held-out photos, the best kept. Then the held-out
+images calibrate the temperature and the "none of my classes" detector (``evaluation.calibrate_model``;
+``finish_run``) and measure the result (``eval_held-out_flip.json``), and the run folder gets its model card
+(``README.md``).
 Photos of none of the classes in a folder ``_other`` (``data.other_photos``) are not a class: every other one of
 them chooses the detector's score and sets its threshold (``ood.choose_with_others``), the rest measure how many
 such photos it turns away (the ``details``' ``others_turned_away``). It is the same code path as
 ``python -m train --recipe finetune_folder``, whose recipe is ``FINETUNE_RECIPE`` (``finish_run`` does the
 calibration and card there).
 
-Progress comes through ``on_progress`` (``Progress``: phase, stage, step, loss, held-out accuracy, the best so
-far, time left), and ``should_stop`` cancels: training stops after the current step, the folder keeps the model as
-it was then, uncalibrated, and its model card says the run is incomplete.
+Progress comes through the ``Monitor``'s ``on_progress`` (``Progress``: phase, stage, step, loss, held-out
+accuracy, the best so far, time left), and its ``should_stop`` cancels: training stops after the current step, the
+folder keeps the model as it was then, uncalibrated, and its model card says the run is incomplete.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,11 +38,12 @@ from ..training.recipe import Recipe, RecipeError
 from .budget import finish_seconds, training_seconds
 from .finish import CARD_NAME, HELD_OUT_SPLIT, OTHERS_KEYS, finish_run
 from .lpft import forward_seconds
-from .progress import Progress, Watch
+from .progress import Monitor, Progress, Watch
 from .stages import BEST_NAME, PROBE_NAME, Plan, StageRecord, probe, record_of, stage_name, stage_recipe, write_best
 
 __all__ = ["CARD_NAME", "FINETUNE_RECIPE", "HELD_OUT_SPLIT", "OTHERS_KEYS", "PROBE_NAME", "STRATEGIES"]
-__all__ += ["FinetuneResult", "Progress", "finetune_folder", "finetune_recipe", "finish_run"]
+__all__ += ["FinetuneOptions", "FinetuneResult", "Monitor", "Progress", "finetune_folder", "finetune_recipe"]
+__all__ += ["finish_run"]
 
 # What fine-tuning a small folder of photos (2-20 classes, tens to hundreds of images each) takes by default:
 # the recipe of `python -m train --recipe finetune_folder` (which adds the bundled model as init).
@@ -76,7 +77,7 @@ class FinetuneResult:
 
     out: Path  # the run folder: vit_core.from_pretrained(out) loads it
     model: VisionTransformer  # as saved there, calibrated unless cancelled, in eval mode
-    complete: bool  # False: cancelled (``should_stop``); the folder holds the model as it was then, uncalibrated
+    complete: bool  # False: cancelled (``Monitor.should_stop``); the folder holds the model as it was, uncalibrated
     classes: list[str]
     train_images: int
     val_images: int
@@ -91,24 +92,48 @@ class FinetuneResult:
     details: dict[str, Any]  # for a result page (``finish.finish_run``: held-out results, ``stages``); {} if cancelled
 
 
-def finetune_recipe(
-    data: str | Path,
-    init: str | Path | None,
-    *,
-    minutes: float | None = 3.0,
-    image_size: int | None = None,
-    val_fraction: float = 0.2,
-    overrides: dict[str, Any] | None = None,
-) -> Recipe:
+@dataclass(frozen=True)
+class FinetuneOptions:
+    """How ``finetune_folder`` fine-tunes, as one value: the callers (the Train tab, the command line, the
+    benchmarks) each state their choice once, and an option added here reaches them without a new parameter on
+    every function between. The defaults are the Train tab's recipe (``FINETUNE_RECIPE``) within 3 minutes."""
+
+    minutes: float | None = 3.0  # the training's budget; None: the recipe's epochs (``overrides``, 100 by default)
+    # ``minutes`` covers the whole call, calibration and writing included (``finetune.budget``: training stops when
+    # what is left is what they are estimated to take; ``BudgetTooShort`` before training when that is nothing)
+    within_budget: bool = False
+    # the input size to fine-tune at (None: the checkpoint's); a larger one keeps the patch size, so the sequence
+    # grows and the position embeddings are interpolated (paper section 3.2)
+    image_size: int | None = None
+    # the share of each class held out: the validation accuracy, the choice of stage and the calibration
+    val_fraction: float = 0.2
+    # "auto" runs the stages (``finetune.stages``: the probe, then more of the model while the budget lasts, the
+    # best kept; without a budget, the whole model for the recipe's epochs, as "full"); "full", "lp-ft" and "probe"
+    # force one way (LP-FT then fine-tunes every block)
+    strategy: str = "auto"
+    overrides: dict[str, Any] | None = None  # other recipe keys (``vit_core.training.recipe.Recipe``), applied last
+    overwrite: bool = False  # write into a run folder that is not empty (an earlier run's results removed)
+    # every stage's model stays in ``out/stages/<n>`` (the probe's is in ``out/linear_probe`` in any case), for a
+    # benchmark to measure each
+    keep_stages: bool = False
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:  # refused where it is chosen, before any photo is read
+            raise RecipeError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+
+
+def finetune_recipe(data: str | Path, init: str | Path | None, options: FinetuneOptions | None = None) -> Recipe:
     """``FINETUNE_RECIPE`` for ``data`` from ``init`` (a run folder, Hub id or timm:<name>; None: from scratch,
-    the architecture in ``overrides``), with ``overrides`` (recipe keys) last; the batch is made no larger than
-    the training images the split leaves."""
+    the architecture in the options' ``overrides``) with the ``options``' budget, input size and held-out share,
+    their ``overrides`` (recipe keys) last; the batch is made no larger than the training images the split leaves."""
+    options = options or FinetuneOptions()
+    overrides = options.overrides or {}
     d = FINETUNE_RECIPE | dict(data=str(data), init=None if init is None else str(init))
-    d |= dict(budget_minutes=minutes, val_fraction=val_fraction)
-    if image_size is not None:
-        d["model_args"] = {"img_size": image_size}
-    d |= overrides or {}
-    if "warmup_epochs" not in (overrides or {}):  # the same share of a run with other epochs
+    d |= dict(budget_minutes=options.minutes, val_fraction=options.val_fraction)
+    if options.image_size is not None:
+        d["model_args"] = {"img_size": options.image_size}
+    d |= overrides
+    if "warmup_epochs" not in overrides:  # the same share of a run with other epochs
         d["warmup_epochs"] = FINETUNE_RECIPE["warmup_epochs"] * d["epochs"] / FINETUNE_RECIPE["epochs"]
     targets = build_dataset(d["data"], "train").targets
     kept, _ = stratified_split(targets, d["val_fraction"])
@@ -123,70 +148,47 @@ def finetune_folder(
     init: str | Path | None,
     out: str | Path,
     *,
-    minutes: float | None = 3.0,
-    image_size: int | None = None,
-    val_fraction: float = 0.2,
-    strategy: str = "auto",
-    on_progress: Callable[[Progress], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    overrides: dict[str, Any] | None = None,
-    overwrite: bool = False,
-    progress_bar: bool = False,
-    within_budget: bool = False,
-    keep_stages: bool = False,
+    options: FinetuneOptions | None = None,
+    monitor: Monitor | None = None,
 ) -> FinetuneResult:
-    """Fine-tune ``init`` on the folder ``data`` (``data/<class>/<images>``) within ``minutes`` of training
-    (None: ``epochs`` of ``overrides``, 100 by default), writing the run folder ``out``; see the module's docstring.
-
-    ``strategy``: "auto" runs the stages (``finetune.stages``: the probe, then more of the model while the budget
-    lasts, the best kept; without a budget, the whole model for the recipe's epochs, as "full"); "full", "lp-ft"
-    and "probe" force one way (LP-FT then fine-tunes every block). ``image_size``: the input size to fine-tune at
-    (None: the checkpoint's); a larger one keeps the patch size, so the sequence grows and the position embeddings
-    are interpolated (paper section 3.2). ``val_fraction``: the share of each class held out for the validation
-    accuracy, the choice of stage and the calibration. ``overrides``: other recipe keys
-    (``vit_core.training.recipe.Recipe``). ``overwrite``: write into a folder that is not empty. ``on_progress`` and
-    ``should_stop`` are called in this thread, from the training loop. ``progress_bar``: a progress line on stderr.
-    ``within_budget``: ``minutes`` covers the whole call, calibration and writing included (``finetune.budget``:
-    training stops when what is left is what they are estimated to take; ``BudgetTooShort`` before training when
-    that is nothing). ``keep_stages``: every stage's model stays in ``out/stages/<n>`` (the probe's is in
-    ``out/linear_probe`` in any case), for a benchmark to measure each."""
-    if strategy not in STRATEGIES:
-        raise RecipeError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    """Fine-tune ``init`` on the folder ``data`` (``data/<class>/<images>``) as the ``options`` say (by default,
+    the Train tab's recipe within 3 minutes of training), writing the run folder ``out``; see the module's
+    docstring. ``monitor``: the caller's progress reports, cancellation and progress line (none by default)."""
+    options, monitor = options or FinetuneOptions(), monitor or Monitor()
     t0 = time.time()
     out = Path(out)
-    report = on_progress or (lambda p: None)
-    report(Progress("loading"))
-    recipe = finetune_recipe(
-        data, init, minutes=minutes, image_size=image_size, val_fraction=val_fraction, overrides=overrides
-    )
-    run_folder.check_out(out, resume=False, overwrite=overwrite)
-    if overwrite:
+    monitor.report(Progress("loading"))
+    recipe = finetune_recipe(data, init, options)
+    run_folder.check_out(out, resume=False, overwrite=options.overwrite)
+    if options.overwrite:
         for pattern in _RESULT_FILES:  # an earlier run's results must not be taken for this one's
             for path in out.glob(pattern):
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
     budget_s = None if recipe.budget_minutes is None else 60 * recipe.budget_minutes
-    watch = Watch(report, t0, budget_s, progress_bar)
+    watch = Watch(monitor, t0, budget_s)
     model = load_init(recipe.init, **recipe.model_args)
-    n_train, n_held = (len(s) for s in stratified_split(build_dataset(recipe.data, "train").targets, val_fraction))
+    targets = build_dataset(recipe.data, "train").targets
+    n_train, n_held = (len(s) for s in stratified_split(targets, recipe.val_fraction))
     others = other_photos(recipe.data)
     sizes = (n_train, n_held, sum(p.numel() for p in model.parameters()), 0 if others is None else len(others))
     reserve = 0.0  # what finishing keeps of the budget: only where the budget covers the whole call
-    if within_budget and budget_s is not None:  # timed before any photo is decoded; revised after the probe's
+    if options.within_budget and budget_s is not None:  # timed before any photo is decoded; revised after the probe's
         reserve = finish_seconds(forward_seconds(model, model.config.img_hw), *sizes)
         training_seconds(budget_s - (time.time() - t0), reserve)  # BudgetTooShort when nothing is left
+    strategy = options.strategy
     if strategy == "full" or (strategy == "auto" and budget_s is None):
         left = None if budget_s is None or not reserve else max(budget_s - reserve - (time.time() - t0), 1.0)
         run = recipe if left is None else Recipe.from_dict(recipe.to_dict() | dict(budget_minutes=left / 60))
         watch.begin("whole model", "the whole model from a new head, as the recipe says")
         start = time.time()
-        result = train(run, out, progress=False, overwrite=True, hooks=watch.hooks(should_stop))
+        result = train(run, out, progress=False, overwrite=True, hooks=watch.hooks())
         records = [record_of(result, 1, 1, watch.step, run.batch_size, time.time() - start)]
         records[0].kept, features, best_recipe = True, None, run
     else:
         deadline = None if budget_s is None else t0 + budget_s
         result, records, features, best_recipe = _stages(
-            recipe, model, out, strategy, watch, should_stop=should_stop, deadline=deadline,
-            sizes=sizes if reserve else None, keep=keep_stages,
+            recipe, model, out, strategy, watch, deadline=deadline, sizes=sizes if reserve else None,
+            keep=options.keep_stages,
         )  # fmt: skip
     trained_s = time.time() - t0  # loading, the probe's features and the training
     complete = result.stopped != "asked"
@@ -195,7 +197,7 @@ def finetune_folder(
     kept = next(r for r in records if r.kept)
     reason = _what_ran(records, trained_s)
     measured = finish_run(
-        out, best_recipe, result, calibrate=complete, progress=progress_bar, features=features, strategy=reason,
+        out, best_recipe, result, calibrate=complete, progress=monitor.progress_bar, features=features, strategy=reason,
         stages=[r.as_dict() for r in records],
     )  # fmt: skip
     model = result.model.eval()
@@ -227,7 +229,6 @@ def _stages(
     strategy: str,
     watch: Watch,
     *,
-    should_stop: Callable[[], bool] | None = None,
     deadline: float | None = None,
     sizes: tuple[int, int, int, int] | None = None,
     keep: bool = False,
@@ -261,7 +262,7 @@ def _stages(
         run = stage_recipe(recipe, best[3], blocks, depth, None if seconds is None else seconds - plan.setup_s())
         watch.begin(stage_name(blocks, depth))
         start = time.time()
-        result = train(run, out, progress=False, overwrite=True, hooks=watch.hooks(should_stop))
+        result = train(run, out, progress=False, overwrite=True, hooks=watch.hooks())
         record = record_of(result, blocks, depth, watch.stage_steps(), run.batch_size, time.time() - start)
         if keep:
             save_pretrained(result.model, out / "stages" / str(len(plan.records)))

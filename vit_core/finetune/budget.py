@@ -1,6 +1,6 @@
 """A fine-tuning's whole budget: what follows the training (calibrating on the held-out images, the evaluations,
 writing the run folder and its card) estimated from the model's speed measured here, so that a call whose budget
-covers the whole job (``finetune_folder(..., within_budget=True)``, the Train tab's) trains only for what that
+covers the whole job (``FinetuneOptions(within_budget=True)``, the Train tab's) trains only for what that
 leaves, and one whose budget cannot cover it is refused in a sentence before it trains.
 
 The passes after training, over the held-out images (H) and the training images (N) at the forward speed

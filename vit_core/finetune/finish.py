@@ -8,12 +8,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..calibration import TEMPERATURE_NOT_SET, at_search_edge
+from ..calibration import TEMPERATURE_NOT_SET, CalibrationOptions, at_search_edge
 from ..data import Batches, build_transform, other_photos, with_transform
 from ..io.calibration_file import write_calibration
 from ..io.model_card import prepare_upload
 from ..training.engine import TrainResult
-from ..training.evaluation import calibrate_model, evaluate, write_eval
+from ..training.evaluation import CalibrationImages, calibrate_model, evaluate, write_eval
 from ..training.recipe import Recipe
 from ..training.run_folder import CARD_NAME, commit
 from .held_out import card_section, held_out_details, held_out_files
@@ -53,16 +53,14 @@ def finish_run(
         if features is not None:
             net, held, fit, tta, others = features.net, features.held_out, features.fit, features.tta, features.others
         fit = fit or with_transform(result.train_set, build_transform(model.pretrained_cfg))
-        calibration, fitted = calibrate_model(
-            net,
-            held,
-            fit,
-            tta=tta,
+        images = CalibrationImages(
+            held_out=held,
             held_out_name=f"the {len(result.test_set)} images held out of {name} (val_fraction {recipe.val_fraction})",
+            fit=fit,
             fit_name=f"the {len(result.train_set)} training images of {name}",
-            progress=progress,
             others=others,
         )
+        calibration, fitted = calibrate_model(net, images, options=CalibrationOptions(tta=tta), progress=progress)
         note = None
         if at_search_edge(calibration.temperature):
             note = (

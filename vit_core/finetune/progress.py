@@ -15,7 +15,7 @@ from ..training.progress import Hooks, StepInfo
 
 @dataclass(frozen=True)
 class Progress:
-    """What ``on_progress`` is told: after each training step, each epoch, each stage, and at each change of
+    """What ``Monitor.on_progress`` is told: after each training step, each epoch, each stage, and at each change of
     phase."""
 
     phase: str  # "loading", "features" (the probe's features next), "training", "calibrating", "done" or "cancelled"
@@ -31,20 +31,37 @@ class Progress:
     best_accuracy: float | None = None  # the best stage's held-out top-1 (%) so far: the model the run keeps
 
 
-class Watch:
-    """Turns the engine's hooks into ``Progress`` reports across the stages. The time left is what is left of the
-    budget (``budget_s`` from ``t0``: the stages spend it all); without one, the current stage's rate.
-    ``print_lines``: also a line on stderr per epoch and stage (the command line's)."""
+@dataclass(frozen=True)
+class Monitor:
+    """How the caller follows a ``finetune_folder`` run and stops it: the three travel together from the Train
+    tab's worker and the command line down to the training loop, which calls them in the caller's thread."""
 
-    def __init__(self, report: Callable[[Progress], None], t0: float, budget_s: float | None, print_lines: bool):
-        self.report, self.t0, self.budget_s, self.print_lines = report, t0, budget_s, print_lines
+    on_progress: Callable[[Progress], None] | None = None  # told a ``Progress`` at each step, epoch, stage and phase
+    # asked after each step: True ends the training there, the folder keeping the model as it was, uncalibrated
+    should_stop: Callable[[], bool] | None = None
+    progress_bar: bool = False  # also a line on stderr per epoch and stage (the command line's)
+
+    def report(self, progress: Progress) -> None:
+        """Tell the caller ``progress`` (nothing without ``on_progress``)."""
+        if self.on_progress is not None:
+            self.on_progress(progress)
+
+
+class Watch:
+    """Turns the engine's hooks into ``Progress`` reports to the ``monitor`` across the stages. The time left is
+    what is left of the budget (``budget_s`` from ``t0``: the stages spend it all); without one, the current
+    stage's rate."""
+
+    def __init__(self, monitor: Monitor, t0: float, budget_s: float | None):
+        self.monitor, self.t0, self.budget_s = monitor, t0, budget_s
         self.step = self.epoch = self.offset = self.epoch_offset = 0
         self.loss = self.val = self.best = self.total = self.plan = self.stage = None
         self.rate = 0.0
         self.stage_start, self.last_line = time.time(), 0.0
 
-    def hooks(self, should_stop: Callable[[], bool] | None) -> Hooks:
-        return Hooks(on_step=self.on_step, on_epoch=self.on_epoch, should_stop=should_stop)
+    def hooks(self) -> Hooks:
+        """The engine's hooks for a stage: its steps and epochs reported, the monitor's ``should_stop`` asked."""
+        return Hooks(on_step=self.on_step, on_epoch=self.on_epoch, should_stop=self.monitor.should_stop)
 
     def begin(self, stage: str, plan: str | None = None) -> None:
         """A stage starts: its steps and epochs count on from the stages before."""
@@ -83,8 +100,8 @@ class Watch:
 
     def emit(self, phase: str, quiet: bool = False) -> None:
         p = self.progress(phase)
-        self.report(p)
-        if self.print_lines and (not quiet or time.time() - self.last_line > 10):
+        self.monitor.report(p)
+        if self.monitor.progress_bar and (not quiet or time.time() - self.last_line > 10):
             self.last_line = time.time()
             print(line(p, self.budget_s), file=sys.stderr, flush=True)
 

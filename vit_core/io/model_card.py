@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -177,9 +178,7 @@ def prepare_upload(
         files[OOD_NAME] = folder / OOD_NAME
     images = sorted(p.name for p in folder.glob("*.png"))
     files.update({name: folder / name for name in images})
-    card = render_model_card(
-        cfg,
-        repo_id,
+    facts = CardFacts(
         num_params=_count_params(folder / WEIGHTS_NAME),
         metrics=metrics,
         recipe=read_recipe(folder),
@@ -189,7 +188,7 @@ def prepare_upload(
         calibration=calibration,
         evals=read_evals(folder),
     )
-    return files, card
+    return files, render_model_card(cfg, repo_id, facts)
 
 
 def _count_params(path: Path) -> int:
@@ -216,24 +215,31 @@ def describe(cfg: ViTConfig) -> str:
     return f"ViT-{size}/{cfg.patch_size}"
 
 
-def render_model_card(
-    cfg: ViTConfig,
-    repo_id: str,
-    *,
-    num_params: int | None = None,
-    metrics: list[dict[str, Any]] | None = None,
-    recipe: tuple[dict[str, Any], str] | None = None,
-    images: list[str] | None = None,
-    license: str = "apache-2.0",
-    dataset: str | None = None,
-    calibration: dict[str, Any] | None = None,
-    evals: list[dict[str, Any]] | None = None,
-) -> str:
-    """The model card text: YAML front matter (library, license, tags, pipeline, datasets, model-index
-    with the final accuracy) and a body with results, calibration (``config.json``'s "calibration" section
-    and the ``eval_*.json`` records), labels, usage, recipe and curves."""
+@dataclass(frozen=True)
+class CardFacts:
+    """What a model card says of a checkpoint beyond its config, as ``prepare_upload`` reads it from the folder:
+    one value that travels from the folder to the text, each fact None (or empty) where the folder has none, so
+    that the card leaves its section out."""
+
+    num_params: int | None = None
+    metrics: list[dict[str, Any]] | None = None  # ``metrics.jsonl``'s rows: the results table, the final accuracy
+    recipe: tuple[dict[str, Any], str] | None = None  # the recipe and its format ("json" or "yaml"; ``read_recipe``)
+    images: list[str] | None = None  # the folder's ``*.png`` names: reliability diagrams, curves, confusion matrices
+    license: str = "apache-2.0"
+    dataset: str | None = None  # the Hub dataset trained on; None: the recipe's ``data`` (``dataset_from_recipe``)
+    calibration: dict[str, Any] | None = None  # ``config.json``'s "calibration" section
+    evals: list[dict[str, Any]] | None = None  # the ``eval_*.json`` records (``read_evals``)
+
+
+def render_model_card(cfg: ViTConfig, repo_id: str, facts: CardFacts | None = None) -> str:
+    """The model card text for ``cfg`` as ``repo_id``, with the ``facts`` (none by default): YAML front matter
+    (library, license, tags, pipeline, datasets, model-index with the final accuracy) and a body with results,
+    calibration (``config.json``'s "calibration" section and the ``eval_*.json`` records), labels, usage, recipe
+    and curves."""
+    facts = facts or CardFacts()
+    metrics, recipe, images, calibration = facts.metrics, facts.recipe, facts.images, facts.calibration
     name = repo_id.split("/")[-1]
-    dataset = dataset or dataset_from_recipe(recipe[0] if recipe else None)
+    dataset = facts.dataset or dataset_from_recipe(recipe[0] if recipe else None)
     dataset_id, dataset_name = _dataset_ids(dataset) if dataset else (None, None)
     classifier = (recipe[0] if recipe else {}).get("task", "classify") == "classify"
     final = final_metrics(metrics or []) if classifier else None
@@ -254,7 +260,7 @@ def render_model_card(
     timm_loads = not cfg.stem_channels  # timm has no conv-stem ViT
     data = ModelCardData(
         library_name="timm" if timm_loads else "vit_core",
-        license=license,
+        license=facts.license,
         tags=TAGS if timm_loads else [t for t in TAGS if t != "timm"],
         pipeline_tag="image-classification" if cfg.num_classes else "image-feature-extraction",
         datasets=[dataset_id] if dataset_id else None,
@@ -269,7 +275,7 @@ def render_model_card(
         if cfg.global_pool == "token"
         else "the classifier reads the mean of the patch tokens"
     )
-    params = f", {num_params / 1e6:.2f}M parameters" if num_params else ""
+    params = f", {facts.num_params / 1e6:.2f}M parameters" if facts.num_params else ""
     trained = f" trained on {dataset_name}" if dataset_name else ""
     parts = [
         f"# {name}\n",
@@ -285,8 +291,8 @@ def render_model_card(
     if metrics:
         parts.append(results_section(metrics, final[0] if final else None))
     reliability = [i for i in images or [] if Path(i).name.startswith("reliability_")]
-    if classifier and (calibration or evals):
-        parts.append(calibration_section(calibration, evals or [], reliability))
+    if classifier and (calibration or facts.evals):
+        parts.append(calibration_section(calibration, facts.evals or [], reliability))
     if cfg.label_names:
         shown = [f"`{i}` {n}" for i, n in enumerate(cfg.label_names[:100])]
         more = f", ... ({len(cfg.label_names)} classes, all in `config.json`)" if len(cfg.label_names) > 100 else ""

@@ -20,6 +20,7 @@ from ..calibration import (
     ECE_BINS,
     TTA_MODES,
     Calibration,
+    CalibrationOptions,
     bin_counts,
     ece_from_counts,
     expected_calibration_error,
@@ -195,11 +196,8 @@ def calibrate_checkpoint(
     *,
     held_out: tuple[int, int] = HELD_OUT,
     fit: tuple[int, int] = OOD_FIT,
-    tta: str | None = "flip",
-    ood: str | None = "mahalanobis",
-    keep: float = 0.95,
+    options: CalibrationOptions | None = None,
     seen: bool | None = False,
-    store_temperature: bool = True,
     photos: dict[str, Any] | list[dict[str, Any]] | None = None,
     batch_size: int = 500,
     device: str = "auto",
@@ -208,14 +206,13 @@ def calibrate_checkpoint(
     """A ``Calibration`` of a checkpoint from training images of ``data``, and what was measured fitting it.
 
     The temperature (``vit_core.calibration.fit_temperature``) is fitted on the ``held_out`` training images
-    (images a..b-1 of ``data.fixed_subset``'s fixed shuffle) for the ``tta`` views; the ``ood`` score's
-    statistics (``vit_core.calibration.ood.fit_statistics``) come from the ``fit`` images' pre-logit features, and its
-    threshold is the ``keep`` quantile of the held-out images' scores. No test image is used. ``seen``: whether
-    the model was trained on the held-out images (None: not known), recorded in ``fitted_on``: a model is right
-    more often on images it was trained on than on new ones, so fitted there the temperature comes out too low.
-    ``store_temperature`` False: the temperature is measured and reported but the calibration holds none
-    (the plain softmax, calibration unknown), e.g. for a model that saw its held-out images. ``photos``: the
-    run's recipe's (``vit_core.data.photos``); each of its training photos, as the app shrinks it, joins the
+    (images a..b-1 of ``data.fixed_subset``'s fixed shuffle) for the ``options``' ``tta`` views; their ``ood``
+    score's statistics (``vit_core.calibration.ood.fit_statistics``) come from the ``fit`` images' pre-logit
+    features, and its threshold is the ``keep`` quantile of the held-out images' scores (``CalibrationOptions``;
+    the app's by default). No test image is used. ``seen``: whether the model was trained on the held-out images
+    (None: not known), recorded in ``fitted_on``: a model is right more often on images it was trained on than on
+    new ones, so fitted there the temperature comes out too low (``store_temperature`` False keeps none). ``photos``:
+    the run's recipe's (``vit_core.data.photos``); each of its training photos, as the app shrinks it, joins the
     ``fit`` images, so that the statistics describe what the model was trained on, photos included.
 
     Measured (on the held-out images): ``temperature``, ``nll`` / ``ece`` before and after, ``threshold``."""
@@ -225,20 +222,13 @@ def calibrate_checkpoint(
     try:
         net = load_init(str(model)).to(procs.device).eval()
         seen_note = {True: " (seen in training)", None: " (maybe seen in training)", False: ""}[seen]
-        fit_images, fit_name = ood_fit_images(net, data, fit, photos, progress) if ood is not None else (None, "")
-        return calibrate_model(
-            net,
-            training_images(net, data, held_out),
-            fit_images,
-            held_out_name=f"{data} training images [{held_out[0]}, {held_out[1]}) of the fixed shuffle{seen_note}",
-            fit_name=fit_name,
-            tta=tta,
-            ood=ood,
-            keep=keep,
-            store_temperature=store_temperature,
-            batch_size=batch_size,
-            progress=progress,
-        )
+        options = options or CalibrationOptions()
+        fit_images, fit_name = None, ""
+        if options.ood is not None:
+            fit_images, fit_name = ood_fit_images(net, data, fit, photos, progress)
+        held_out_name = f"{data} training images [{held_out[0]}, {held_out[1]}) of the fixed shuffle{seen_note}"
+        images = CalibrationImages(training_images(net, data, held_out), held_out_name, fit_images, fit_name)
+        return calibrate_model(net, images, options=options, batch_size=batch_size, progress=progress)
     finally:
         procs.close()
 
@@ -271,30 +261,38 @@ def ood_fit_images(
     return images, f"{name} and the training photos of {' and '.join(folders)}"
 
 
+@dataclasses.dataclass(frozen=True)
+class CalibrationImages:
+    """The images ``calibrate_model`` fits on, preprocessed for the model (the eval transform), each with the
+    words the calibration records it was fitted on (its ``fitted_on``): a dataset and its name travel together, so
+    that no calibration names other images than those it was fitted on."""
+
+    held_out: Dataset  # the temperature, and the OOD threshold from their scores
+    held_out_name: str
+    fit: Dataset | None = None  # the OOD score's statistics, from their pre-logit features (None without a score)
+    fit_name: str = ""
+    # photos of none of the classes: every other one chooses the score among ``OTHERS_SCORES`` and sets its
+    # threshold (``ood.choose_with_others``), the rest measure it (the report's ``others_turned_away``)
+    others: Dataset | None = None
+
+
 @torch.no_grad()
 def calibrate_model(
     net: VisionTransformer,
-    held_out: Dataset,
-    fit: Dataset | None,
+    images: CalibrationImages,
     *,
-    held_out_name: str,
-    fit_name: str,
-    tta: str | None = "flip",
-    ood: str | None = "mahalanobis",
-    keep: float = 0.95,
-    store_temperature: bool = True,
+    options: CalibrationOptions | None = None,
     batch_size: int = 500,
     progress: bool = True,
-    others: Dataset | None = None,
 ) -> tuple[Calibration, dict[str, float]]:
-    """A ``Calibration`` of ``net`` (on its device) from two datasets preprocessed for it (the eval transform):
-    the temperature fitted on ``held_out`` for the ``tta`` views, the ``ood`` score's statistics from the
-    pre-logit features of ``fit`` (None without ``ood``), its threshold the ``keep`` quantile of the held-out
-    images' scores; and what was measured (see :func:`calibrate_checkpoint`). ``held_out_name``, ``fit_name``:
-    what the calibration records it was fitted on. ``others``: photos of none of the classes, preprocessed the
-    same way: every other one of them chooses the score among ``OTHERS_SCORES`` and sets its threshold
-    (``ood.choose_with_others``), the rest measure it (the report's ``others_turned_away``). ``net.calibration`` is
-    left as it was."""
+    """A ``Calibration`` of ``net`` (on its device) from ``images`` as the ``options`` say (the app's by
+    default): the temperature fitted on the held-out images for the ``tta`` views, the ``ood`` score's statistics
+    from the ``fit`` images' pre-logit features, its threshold the ``keep`` quantile of the held-out images' scores
+    (or as the ``others`` choose); and what was measured (see :func:`calibrate_checkpoint`). ``net.calibration``
+    is left as it was."""
+    options = options or CalibrationOptions()
+    tta, ood, keep, store_temperature = options.tta, options.ood, options.keep, options.store_temperature
+    held_out_name, others = images.held_out_name, images.others
     device = next(net.parameters()).device
     was_training, kept_calibration = net.training, net.calibration
     net.eval()
@@ -310,7 +308,7 @@ def calibrate_model(
         return list(torch.cat(logits, 1)), list(torch.cat(features, 1)), weights, torch.cat(labels)
 
     try:
-        logits, features, weights, labels = run(held_out, tta, "held-out images")
+        logits, features, weights, labels = run(images.held_out, tta, "held-out images")
         T = fit_temperature(logits, weights, labels)
         before, after = mixture_log_probs(logits, weights), mixture_log_probs(logits, weights, T)
         report = {
@@ -323,7 +321,7 @@ def calibrate_model(
         }
         detector = None
         if ood is not None:
-            _, fit_features, _, fit_labels = run(fit, None, "OOD statistics")
+            _, fit_features, _, fit_labels = run(images.fit, None, "OOD statistics")
             head = (net.head.weight, net.head.bias)  # what vim reads
             names = OTHERS_SCORES if others is not None else (ood,)
             stats = {n: fit_statistics(n, fit_features[0], fit_labels, net.config.num_classes, head) for n in names}
@@ -340,7 +338,7 @@ def calibrate_model(
                 ood, threshold, kept = c.score, c.threshold, c.kept
                 what += f" and {c.others_chose} photos of other things, which chose the score"
                 report |= dataclasses.asdict(c)
-            fitted_on, quantiles = f"statistics of {fit_name}, threshold on {what}", score_quantiles(scores[ood])
+            fitted_on, quantiles = f"statistics of {images.fit_name}, threshold on {what}", score_quantiles(scores[ood])
             detector = OODDetector(ood, threshold, kept, stats[ood], fitted_on, quantiles)
             report |= {"threshold": threshold, "held_out_turned_away": int((scores[ood] > threshold).sum())}
     finally:

@@ -7,7 +7,7 @@ the current step once the job's stop file exists (the Cancel button). Everything
 
 The job's budget covers everything it does from the process's start: first it decodes the photos the server only
 checked (``webapp.jobs.trainset.decode_folder``; the stop file and the deadline are checked before each image), then
-what is left goes to ``finetune_folder(..., within_budget=True)``, which keeps the time its calibration and writing
+what is left goes to ``finetune_folder`` (``within_budget``), which keeps the time its calibration and writing
 will take (``vit_core.finetune.budget``) and trains for the rest. A job that cannot train (cancelled or out of time
 while decoding, too few photos left that decode, a budget too short for calibrating the photos) prints
 ``{"error": sentence}`` and exits with ``REFUSED``; the server shows the sentence. The result's line also says the
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from vit_core.finetune import Progress, finetune_folder
+from vit_core.finetune import FinetuneOptions, Monitor, Progress, finetune_folder
 from vit_core.finetune.budget import BudgetTooShort
 from vit_core.training.run_folder import DiskFullError
 from webapp.jobs.trainset import Stopped, decode_folder
@@ -93,18 +93,15 @@ def main(job_file: str) -> None:
         refuse(DiskFull(DISK_FULL) if _disk_full(e) else e)
     release_memory()  # decoding's freed pages go back before the model comes: their peaks do not add up
     try:
-        result = finetune_folder(
-            job["data"],
-            job["init"],
-            job["out"],
+        options = FinetuneOptions(
             minutes=(deadline - time.time()) / 60,
+            within_budget=True,
             image_size=job["image_size"],
             strategy=job.get("strategy", "auto"),  # "auto" from the server; benchmarks force the others
-            on_progress=lambda p: _emit(dataclasses.asdict(p)),
-            should_stop=stop.exists,
             overrides=job.get("overrides"),
-            within_budget=True,
         )
+        monitor = Monitor(on_progress=lambda p: _emit(dataclasses.asdict(p)), should_stop=stop.exists)
+        result = finetune_folder(job["data"], job["init"], job["out"], options=options, monitor=monitor)
     except BudgetTooShort as e:
         refuse(e)
     except OSError as e:  # the run folder's own (``DiskFullError``), or any other write that found no room
