@@ -220,7 +220,7 @@ def test_one_classify_request_reads_its_upload_once_and_runs_at_most_12_app_modu
         tracing[0] = False
     assert "cat" in labels["value"] and Path(sent.path).is_file() and note.startswith("Computed in")
     assert len(opened) == 1, opened
-    stated = re.findall(r"`(webapp/[\w/]+\.py)`", _architecture_path("The Classify path"))
+    stated = re.findall(r"`(webapp/[\w/]+\.py)`", architecture_path("The Classify path"))
     assert sorted(entered) == sorted(stated), (sorted(entered), stated)
     assert len(entered) <= MAX_CLASSIFY_MODULES, "\n".join(sorted(entered))
 
@@ -270,7 +270,7 @@ def test_a_request_resolves_its_model_opens_its_upload_and_parses_its_method_onc
         assert counts == {"resolve": 1, "title": 1, "open": 1}, (ask, counts)
 
 
-def _architecture_path(title: str) -> str:
+def architecture_path(title: str) -> str:
     """The paragraph of docs/ARCHITECTURE.md that lists a path's modules: the one that starts with ``title``."""
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
     start = text.index(title + " runs ")

@@ -11,6 +11,9 @@ has its axes named and room to show whole; Classify offers its examples only for
 from __future__ import annotations
 
 import io
+import re
+import sys
+import threading
 import time
 import types
 import zipfile
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
+from gradio.data_classes import FileData
 from PIL import Image
 
 import app
@@ -29,10 +33,14 @@ from webapp.jobs.trainer import PRIVATE_PREFIX, Trainer, TrainingBusy
 from webapp.jobs.trainset import PUBLIC, Limits, class_of, decode_folder, from_zip
 from webapp.jobs.worker import JobResult
 from webapp.registry.access import Caller, ModelError, Trained, calling
+from webapp.registry.catalog import ROOT
 from webapp.registry.options import Options
 from webapp.server.admission import Busy, Gate, rss
 from webapp.tabs import classify, train
 from webapp.ui.endpoints import Context
+from webapp.ui.inputs import PathFile
+
+from .test_tabs import architecture_path
 
 SMALL = Limits(max_images=40, max_classes=3, max_minutes=1, max_zip_mb=1)
 
@@ -258,14 +266,34 @@ def test_public_server_refuses_to_push(public_ctx):
 
 def test_a_short_run_trains_calibrates_and_serves_a_model_of_the_zip_classes(ctx, tmp_path):
     """Six seconds of training from the bundled model on two classes; the last update switches the picker to the
-    new model, which Classify then explains with the zip's class names."""
+    new model, which Classify then explains with the zip's class names. The request, from the upload component to
+    the picker's value, runs code of the app's modules that docs/ARCHITECTURE.md lists for the Train path (at most
+    12 with the training process's ``jobs/worker``), every module entered in the server's threads counted."""
     request = types.SimpleNamespace(session_hash="s1")
-    updates, names = [], set()
-    for update in train.train(ctx, str(two_classes(tmp_path / "p.zip")), ctx.models.default, 0.1, False, request):
-        updates.append(update)
-        if isinstance(update[3], dict) and update[3].get("value"):  # read as Gradio does, before the job ends
-            with zipfile.ZipFile(update[3]["value"]) as zf:
-                names = {Path(n).name for n in zf.namelist()}
+    updates, names, entered = [], set(), set()
+
+    def profile(frame, event, arg):
+        if event == "call" and ROOT / "webapp" in (path := Path(frame.f_code.co_filename)).parents:
+            entered.add(path.relative_to(ROOT).as_posix())
+
+    gated = Context(ctx.models, gate=Gate(max_memory=rss() + (16 << 30)), trainer=ctx.trainer)  # as a server runs
+    handler = gated.handler(train.train, None)  # the page's and the API's listener (it holds the gate itself)
+    payload = FileData(path=str(two_classes(tmp_path / "p.zip")), orig_name="p.zip")
+    sys.setprofile(profile)
+    threading.setprofile(profile)
+    try:
+        photos = PathFile(file_types=[".zip"]).preprocess(payload)
+        for update in handler(photos, ctx.models.default, 0.1, False, request):
+            updates.append(update)
+            if isinstance(update[3], dict) and update[3].get("value"):  # read as Gradio does, before the job ends
+                with zipfile.ZipFile(update[3]["value"]) as zf:
+                    names = {Path(n).name for n in zf.namelist()}
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    stated = re.findall(r"`(webapp/[\w/]+\.py)`", architecture_path("The Train path"))
+    got = entered | {"webapp/jobs/worker.py"}
+    assert sorted(got) == sorted(stated) and len(stated) <= 12, (sorted(got - set(stated)), sorted(set(stated) - got))
     line, _, summary, download, picker, matrix, gallery, details, shown = updates[-1]
     assert line == "Done." and "Done" in summary and "red" in summary, updates[-2:]
     assert details["strategy"] in ("full", "lp-ft", "probe") and details["strategy_reason"] in summary
