@@ -511,7 +511,9 @@ def test_the_result_page_reads_as_sentences_a_table_a_matrix_and_a_gallery(tmp_p
     assert "than 92% of its held-out photos" in text_others
     assert "5 of 10 photos of other things (`_other`) chose how" in text_others
     assert "it turns away 80% of the 5 that measure it" in text_others
-    assert "Trained here at 10:00" in text and "click one below to open it in Classify" in text
+    assert "Trained here at 10:00" in text and "- 3 held-out photos misclassified: click one below" in text
+    one = result | dict(details=result["details"] | dict(misclassified=result["details"]["misclassified"][:1]))
+    assert "- 1 held-out photo misclassified: click one below" in result_page.summary(one, None)
     assert result_page.confusion_image(result).size[0] > 200
     shown = result_page.keep_misclassified(result, tmp_path / "data", tmp_path / "kept")
     assert [c for _, c in shown] == ["ants → bees (71%)", "bees → ants (55%)"]

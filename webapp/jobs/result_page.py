@@ -155,7 +155,8 @@ def summary(result: dict[str, Any], label: str | None) -> str:
     wrong = len(details.get("misclassified", []))
     if wrong:
         more = f" (the first {MAX_SHOWN} shown; the model card lists them)" if wrong > MAX_SHOWN else ""
-        facts.append(f"- {wrong} held-out photos misclassified{more}: click one below to open it in Classify")
+        photos = "held-out photo" if wrong == 1 else "held-out photos"
+        facts.append(f"- {wrong} {photos} misclassified{more}: click one below to open it in Classify")
     elif details:
         facts.append("- every held-out photo was answered right")
     return "\n\n".join([b for b in blocks if b] + ["\n".join(facts)])
