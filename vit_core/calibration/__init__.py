@@ -282,7 +282,7 @@ def predict(
     :data:`TTA_MODES` picks them. The model's temperature divides each view's logits first. With an OOD
     detector, its score is computed on the same views and compared with the stored threshold; without one,
     ``ood_score`` and ``is_ood`` are None and callers fall back to the confidence alone
-    (``webapp.model_info.verdict``)."""
+    (``webapp.inference.model_info.decide``)."""
     logits, features, weights, attentions = forward_views(model, images, tta, return_attention)
     return combine(model, logits, features, weights, attentions)
 

@@ -11,9 +11,9 @@ pass and the maps) when ``batchable``; with ``progress=`` (called with the work 
 What a map costs (``Cost``) decides where it runs. A map made from one forward and backward pass (gradient
 rollout) costs about what a prediction does, which the limits on loading a model already bound; a map that
 runs the model again and again (RISE: one forward pass per masked image) is held to a server's budget
-(``webapp.settings.MAP_BUDGET``).
+(``webapp.inference.settings.MAP_BUDGET``).
 
-What a caller that keeps one image's forward pass (the app's ``webapp.analysis.Analysis``) keeps for a
+What a caller that keeps one image's forward pass (the app's ``webapp.inference.analysis.Analysis``) keeps for a
 method: the attentions, when it has ``from_attentions`` (the map is drawn again from them for each request,
 without running the model); otherwise the map itself, one per class when ``per_class``.
 """

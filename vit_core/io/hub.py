@@ -21,9 +21,9 @@ Downloads go through huggingface_hub and its cache (``HF_HOME`` / ``HF_HUB_CACHE
 authenticates for private and gated repos. Tokens are handed to huggingface_hub and nowhere else: never printed,
 logged or written to disk by this module.
 
-Code that judges a repo before loading it (the app's ``webapp.sizing`` and ``webapp.models``) asks here as well:
-``file_sizes`` (the repo's file listing), ``download`` (one file, e.g. ``config.json``) and ``answers`` (one request,
-no retries). No other module of the project lists, downloads from or uploads to the Hub.
+Code that judges a repo before loading it (the app's ``webapp.registry.sizing`` and ``webapp.registry.models``)
+asks here as well: ``file_sizes`` (the repo's file listing), ``download`` (one file, e.g. ``config.json``) and
+``answers`` (one request, no retries). No other module of the project lists, downloads from or uploads to the Hub.
 """
 
 from __future__ import annotations

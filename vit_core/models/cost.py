@@ -1,7 +1,7 @@
 """What a configuration costs, from the config alone: before anything is downloaded, allocated or run.
 
 - ``state_shapes``: the shape of every weight, which loaders check a checkpoint's header against and count
-  its parameters with (``vit_core.io.checkpoint``, the app's ``webapp.sizing``);
+  its parameters with (``vit_core.io.checkpoint``, the app's ``webapp.registry.sizing``);
 - ``activation_bytes``: one explained image's activation memory, held to a limit on loading;
 - ``forward_flops``: one image's forward pass, what perturbation explanations cost
   (``vit_core.methods``: RISE runs one per mask).

@@ -17,7 +17,7 @@ decoding               ``ImageHeader.decode_bytes`` at ``MAX_SIDE``: 4 bytes a d
                        most its ``MAX_DECODE_BYTES``)
 after                  the reduced image (4 bytes a pixel), the tab's pictures (its draw bytes a pixel of it) and
                        the model
-the model (CPU only)   ``vit_core.models.model.activation_bytes`` per image of a forward pass, times the images of the
+the model (CPU only)   ``vit_core.models.cost.activation_bytes`` per image of a forward pass, times the images of the
                        largest batch the tab runs (RISE: 64 masked images; Compare: every map, then its curves'
                        steps; Batch: a chunk), a backward pass (gradient rollout, AttnLRP) ``BACKWARD`` times a
                        forward pass, and RISE's masks; on a GPU the model's memory is the GPU's, not counted here

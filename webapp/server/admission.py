@@ -14,7 +14,7 @@ fill the queue (100 requests from one client: the next person was refused, or wa
   and ``base`` is the RSS without them (``max(RSS when last idle, RSS now - running)``). Otherwise it waits
   up to ``--max-wait`` seconds for requests to finish, then hears "busy, try again in N s"; one that could
   never fit is refused at once. After a request estimated at ``TRIM_ABOVE`` or more, the freed memory is
-  handed back to the OS (``memory.release_memory``: young cycles and ``malloc_trim``; a full collection
+  handed back to the OS (``webapp.resources.release_memory``: young cycles and ``malloc_trim``; a full collection
   once the server has been idle for ``QUIET_SECONDS``), so RSS after a burst settles where it started.
 
 The estimate of each request is ``webapp.inference.estimates``; fair queueing and upload limits are

@@ -2,7 +2,7 @@
 module owns
 
 - ``TITLE``, its name on the page, and ``build(ctx, page)``: its layout (reading the page's shared image and map
-  settings, ``page.controls``, and the picker, ``page.picker``), returning a ``webapp.ui.endpoints.Tab`` that
+  settings, ``page.controls``, and the picker, ``page.picker``), returning a ``webapp.ui.declarations.Tab`` that
   declares its endpoints: the API's (``/classify``..., made by ``endpoints.api`` from its computation), the
   page's requests (their computation, outputs, what the outputs show when cleared or failed), each with its
   ``estimate`` of a request's memory (``webapp.inference.estimates``'s parts);
