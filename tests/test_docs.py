@@ -285,7 +285,7 @@ def _resolves(dotted: str) -> bool:
 def test_every_dotted_name_of_the_app_and_the_library_in_the_docs_and_docstrings_exists():
     """A module, function or class named in full (``webapp.inference.analysis.Upload``, ``vit_core.data.open_image``)
     in the README, docs/ or the app's and the library's code exists: a rename or a move that leaves one behind fails
-    here (nine did, when it was written: ``webapp.analysis.Analysis`` and four more names of the app before its
+    here (eight did, when it was written: ``webapp.analysis.Analysis`` and four more names of the app before its
     floors, ``estimates.training_bytes``, moved to ``jobs.trainset``, ``ui.endpoints.Tab``, to ``ui.declarations``,
     ``models.model.activation_bytes``, in ``models.cost``)."""
     texts = [ROOT / "README.md", ROOT / "app.py", *(ROOT / "docs").glob("*.md")]
