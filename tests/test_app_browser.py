@@ -296,7 +296,7 @@ BATCH_CLEARED = """() => !document.querySelector('#batch-gallery img') && !docum
 # ---------------------------------------------------------------------------------------------- tests
 
 
-def test_every_tab_drops_the_previous_images_and_models_results(page, runs, tmp_path):
+def test_every_tab_drops_the_previous_images_and_models_results(page, runs, tmp_path, server):  # noqa: F811
     """An upload is classified without pressing Classify; an example click or a model switch clears Explore,
     Compare (and Batch, Inspect on a model switch) at once, and the Classify tab never shows the previous
     answer again. Screenshots of every desktop view on the way."""
@@ -367,7 +367,11 @@ def test_every_tab_drops_the_previous_images_and_models_results(page, runs, tmp_
     page.wait_for_function("() => document.querySelector('#summary').innerText.includes('Accuracy (measured)')")
     _tab(page, "Classify")
     _choose_model(page, runs["mnist_tiny"])
-    third = _classified(page, second)
+    try:
+        third = _classified(page, second)
+    except sync_api.TimeoutError as e:  # seen 3 times in about 40 runs: say what the page and the server showed
+        verdict = _text(page, "#verdict")
+        raise AssertionError(f"no answer with the new model; verdict {verdict!r}\n{_diagnosis(page, server[0])}") from e
     assert third != second
     verdict = _verdict(page)
     assert verdict[0].isdigit() or verdict.startswith("Not sure — "), verdict  # classes "0".."9"

@@ -27,7 +27,7 @@ results nor recomputes them: the clear leaves them as they are, and of the recom
 clears only the first to arrive computes (``Tickets.claim``: one per change of subject, whichever order they
 reach the server in), without an error in the browser's console. A request sent for
 the new subject just before the page saw the change (a click right after an upload) still
-counts. Errors replace the results they concern, in place (``answer``), instead of a toast over
+counts. Errors replace the results they concern, in place (``if_newest``, ``while_newest``), instead of a toast over
 the old ones.
 """
 
