@@ -25,7 +25,8 @@ then recomputes them where that is cheap (Classify, the Explore picture) in an e
 fires two ``change`` events with the new file), and the repeat (``Tickets.change`` says so) neither clears the
 results nor recomputes them: the clear leaves them as they are, and of the recomputations chained after the two
 clears only the first to arrive computes (``Tickets.claim``: one per change of subject, whichever order they
-reach the server in), without an error in the browser's console. A request sent for
+reach the server in; one sent about a subject the page has changed since claims nothing), without an error in the
+browser's console. A request sent for
 the new subject just before the page saw the change (a click right after an upload) still
 counts. Errors replace the results they concern, in place (``if_newest``, ``while_newest``), instead of a toast over
 the old ones.
@@ -123,14 +124,19 @@ class Tickets:
             n.pending = n.pending or new
             return new
 
-    def claim(self, page: str | None, group: str) -> bool:
-        """Whether a recomputation chained after a clear of ``group`` is the one its change of subject asked for:
-        the first to arrive after a change (then no other), so that a repeated change event, whose clear changed
-        nothing, recomputes nothing."""
+    def claim(self, page: str | None, group: str, ticket: float | None, subject: Hashable = None) -> bool:
+        """Whether a recomputation chained after a clear of ``group`` (``ticket``, about ``subject``) is the one its
+        change of subject asked for: the first to arrive after a change (then no other), so that a repeated change
+        event, whose clear changed nothing, recomputes nothing. One already stale (sent about a subject the page has
+        changed since) claims nothing: it computes nothing, and the newer change's recomputation must still run
+        (a photo's recomputation, queued behind a slow map while an example was clicked, took the example's turn,
+        and Explore never showed the example)."""
         if page is None:
             return True
         with self._lock:
             n = self._entry(page, group)
+            if ticket is not None and self._stale(n, ticket, subject):
+                return False
             claimed, n.pending = n.pending, False
             return claimed
 
@@ -337,11 +343,11 @@ def page_handler(ctx: Context, shown: Shown, chained: bool = False) -> Callable:
         ticket, page, event = values.pop("ticket"), values.pop("request"), values.pop("event", None)
         request = Prepared(values, values.pop("progress", no_progress), event)
         session = getattr(page, "session_hash", None)
+        subject = subject_of(*(values[name] for name in shown.subject))
         if (shown.ready is not None and not shown.ready(request)) or (
-            chained and not TICKETS.claim(session, shown.group)
+            chained and not TICKETS.claim(session, shown.group, ticket, subject)
         ):
             return request, None, nullcontext()  # no ticket taken: the answers in flight still count
-        subject = subject_of(*(values[name] for name in shown.subject))
         place = Ticket(session, shown.group, ticket, subject)
         return request, place, ctx.held(lambda: shown.estimate(ctx, request))
 
