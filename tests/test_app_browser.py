@@ -369,7 +369,7 @@ def test_every_tab_drops_the_previous_images_and_models_results(page, runs, tmp_
     _choose_model(page, runs["mnist_tiny"])
     try:
         third = _classified(page, second)
-    except sync_api.TimeoutError as e:  # seen 3 times in about 40 runs: say what the page and the server showed
+    except sync_api.TimeoutError as e:  # say what the page and the server showed
         verdict = _text(page, "#verdict")
         raise AssertionError(f"no answer with the new model; verdict {verdict!r}\n{_diagnosis(page, server[0])}") from e
     assert third != second
