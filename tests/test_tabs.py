@@ -331,6 +331,11 @@ def test_a_repeated_change_of_image_clears_nothing_and_computes_nothing_without_
     # to the example's own recomputation (14), or nothing shows the example (Explore, once in about 15 runs)
     assert tickets.change("page", "g", 11, cat) and tickets.change("page", "g", 13, dog)
     assert not tickets.claim("page", "g", 12, cat) and tickets.claim("page", "g", 14, dog)
+    # overtaken by a click about the same photo (17, started first): it takes the turn and computes nothing, the
+    # click answers, and a repeated change event after that recomputes nothing
+    assert tickets.change("page", "g", 15, cat) and tickets.start("page", "g", 17, cat)
+    assert tickets.claim("page", "g", 16, cat) and not tickets.start("page", "g", 16, cat)
+    assert not tickets.change("page", "g", 18, cat) and not tickets.claim("page", "g", 19, cat)
     demo = app.build_ui(ctx)
     (clear,) = [fn for fn in demo.fns.values() if fn.name == "cleared" and fn.outputs[0].elem_id == "labels"]
     (new,) = [fn for fn in demo.fns.values() if fn.api_name == "classify_new"]

@@ -135,8 +135,8 @@ class Tickets:
             return True
         with self._lock:
             n = self._entry(page, group)
-            if ticket is not None and self._stale(n, ticket, subject):
-                return False
+            if ticket is not None and ticket < n.change and subject != n.subject:
+                return False  # about a subject changed since: the turn is the newer change's recomputation's
             claimed, n.pending = n.pending, False
             return claimed
 
