@@ -21,7 +21,7 @@ from PIL import Image
 from tests.test_train_tab import ctx, make_zip, public_ctx, two_classes  # noqa: F401 (fixtures)
 from webapp.jobs.trainer import GRACE_S, Trainer, TrainingBusy, zip_run
 from webapp.jobs.trainset import Limits, Stopped, decode_folder, from_zip
-from webapp.registry.access import NOT_YOURS, Caller, ModelError, caller, calling
+from webapp.registry.access import NOT_YOURS, Caller, ModelError, Trained, caller, calling
 from webapp.registry.catalog import ROOT
 from webapp.server import tempfiles
 from webapp.server.sessions import Sessions
@@ -163,15 +163,21 @@ def test_a_server_removes_the_training_folders_of_dead_processes_at_start(tmp_pa
     assert not unlocked.exists()
 
 
+def registered(trainer: Trainer, who: Caller, nbytes: int = 3000) -> Trained:
+    """A model of ``nbytes`` trained here by ``who`` (a job started, its weights written, registered, finished)."""
+    with calling(who):
+        job = trainer.start(who.session, 1)
+        job.out.mkdir()
+        (job.out / "model.safetensors").write_bytes(bytes(nbytes))
+        trained = trainer.register(job, ["a", "b"])
+        trainer.finish(job)
+    return trained
+
+
 def test_what_training_holds_is_capped_per_address_and_in_all(public_ctx, monkeypatch):  # noqa: F811
     models = public_ctx.models
     trainer = Trainer(models, None, ttl=3600)
-    with calling(Caller("s1", "10.0.0.1")):
-        job = trainer.start("s1", 1)
-        job.out.mkdir()
-        (job.out / "model.safetensors").write_bytes(bytes(3000))
-        trained = trainer.register(job, ["a", "b"])
-        trainer.finish(job)
+    trained = registered(trainer, Caller("s1", "10.0.0.1"))
     monkeypatch.setattr("webapp.jobs.trainer.JOB_RESERVE", 1000)
     monkeypatch.setattr("webapp.jobs.trainer.MAX_HELD_PER_ADDRESS", 3500)
     with calling(Caller("s2", "10.0.0.1")), pytest.raises(TrainingBusy, match="room one visitor has"):

@@ -16,7 +16,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.test_train_jobs import _png
+from bench.hostile.server import training_workers
+from tests.test_train_jobs import _png, registered
 from tests.test_train_tab import ctx, make_zip, public_ctx, two_classes  # noqa: F401 (fixtures)
 from webapp.jobs import trainer as trainer_module
 from webapp.jobs import worker
@@ -27,20 +28,6 @@ from webapp.registry.access import Caller, calling
 from webapp.registry.catalog import ROOT
 
 LIMITS = Limits(max_images=100, max_classes=3, max_minutes=5, max_zip_mb=10)
-
-
-def _workers_of(parent: int) -> list[int]:
-    """The training processes (``webapp.jobs.worker``) whose parent is ``parent``, alive (not zombies)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == parent and fields[0] != "Z" and b"webapp.jobs.worker" in cmdline:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -127,7 +114,7 @@ def test_a_server_killed_mid_job_takes_its_worker_with_it(tmp_path):
     )
     try:
         assert server.stdout.readline().startswith("report"), "the job never reported"
-        (worker,) = _workers_of(server.pid)
+        (worker,) = training_workers(server.pid)
         server.send_signal(signal.SIGKILL)
         server.wait()
         killed = time.monotonic()
@@ -156,7 +143,7 @@ def test_a_stopped_worker_is_ended_and_its_visitor_told(ctx, tmp_path):  # noqa:
         with pytest.raises(RuntimeError, match=r"stopped answering for 4 s and was ended; nothing of it was kept"):
             for _ in trainer.run(job, ctx.models.access.resolve(ctx.models.default).source, None):
                 if stopped is None:
-                    (worker,) = _workers_of(os.getpid())
+                    (worker,) = training_workers(os.getpid())
                     os.kill(worker, signal.SIGSTOP)
                     stopped, told = time.monotonic(), trainer.left(job)
         ended = time.monotonic() - stopped
@@ -176,12 +163,7 @@ def test_a_model_no_page_can_reach_counts_against_no_address(public_ctx, monkeyp
     trainer = Trainer(models, None, ttl=3600)
     alive = {"s1"}
     trainer.live = alive.__contains__
-    with calling(Caller("s1", "10.0.0.1")):
-        job = trainer.start("s1", 1)
-        job.out.mkdir()
-        (job.out / "model.safetensors").write_bytes(bytes(3000))
-        trained = trainer.register(job, ["a", "b"])
-        trainer.finish(job)
+    trained = registered(trainer, Caller("s1", "10.0.0.1"))
     monkeypatch.setattr("webapp.jobs.trainer.JOB_RESERVE", 1000)
     monkeypatch.setattr("webapp.jobs.trainer.MAX_HELD_PER_ADDRESS", 3500)
     with calling(Caller("s2", "10.0.0.1")), pytest.raises(TrainingBusy, match="room one visitor has"):

@@ -41,7 +41,7 @@ from webapp.registry.options import Options
 from .inputs import Inputs
 from .load import Row
 from .round3 import ATTACKER, _client, _ending, _innocent, _train, zip_of_photos
-from .server import MB, Raw, Result
+from .server import MB, Raw, Result, training_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = """
@@ -67,20 +67,6 @@ for s in held:
         pass
 print(open_now, flush=True)
 """
-
-
-def _workers(pid: int | None = None) -> list[int]:
-    """The live training processes (``webapp.jobs.worker``), of ``pid`` when given."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"webapp.jobs.worker" in cmdline and fields[0] != "Z" and (pid is None or int(fields[1]) == pid):
-            found.append(int(stat.parent.name))
-    return found
 
 
 def _gone(pid: int, timeout: float) -> float | None:
@@ -171,7 +157,7 @@ def case_server_killed(raw: Raw, inputs: Inputs, row: Row) -> None:
     while not any("Training" in str(u[0]) or "step" in str(u[0]) for u in job.outputs()) and time.time() < deadline:
         time.sleep(0.2)
     time.sleep(5.0)
-    workers = _workers(app.proc.pid)
+    workers = training_workers(app.proc.pid)
     runs = sorted(p.name for p in (ROOT / "runs").glob("app-*")) if (ROOT / "runs").is_dir() else []
     app.proc.send_signal(signal.SIGKILL)
     app.proc.wait()
@@ -183,9 +169,9 @@ def case_server_killed(raw: Raw, inputs: Inputs, row: Row) -> None:
     row.add(Result(not offered, f"{len(offered)} half-written runs offered", 0.0))
     shown = ", ".join("never" if t is None else f"{t:.2f} s" for t in lived)
     row.note = (
-        f"{len(workers)} worker(s) during the job; gone after the SIGKILL in {shown}; {len(_workers())} workers after "
-        f"the restart; run folders under runs/ at the kill {len(runs)}, after the restart {len(set(left) & set(runs))} "
-        f"of them; offered by the picker {len(offered)}"
+        f"{len(workers)} worker(s) during the job; gone after the SIGKILL in {shown}; "
+        f"{len(training_workers())} workers after the restart; run folders under runs/ at the kill {len(runs)}, "
+        f"after the restart {len(set(left) & set(runs))} of them; offered by the picker {len(offered)}"
     )
 
 
@@ -194,10 +180,10 @@ def case_stopped_worker(raw: Raw, inputs: Inputs, row: Row) -> None:
     app = raw.app
     job = _train(_client(raw, ATTACKER), zip_of_photos(inputs, 4), minutes=1.0)
     deadline = time.time() + 300
-    while not _workers(app.proc.pid) and time.time() < deadline:
+    while not training_workers(app.proc.pid) and time.time() < deadline:
         time.sleep(0.2)
     time.sleep(8.0)
-    (worker,) = _workers(app.proc.pid)
+    (worker,) = training_workers(app.proc.pid)
     os.kill(worker, signal.SIGSTOP)
     stopped = time.monotonic()
     other = _ending(_train(_client(raw, "198.51.100.200"), zip_of_photos(inputs, 2)))

@@ -195,3 +195,18 @@ class Raw:
         except httpx.HTTPError as e:
             return Result(False, f"{type(e).__name__}: {e}", time.perf_counter() - t0)
         return Result(False, "stream ended", time.perf_counter() - t0)
+
+
+def training_workers(parent: int | None = None) -> list[int]:
+    """The live training processes (``webapp.jobs.worker``, not zombies), those whose parent is ``parent`` when
+    given: ``/proc`` read directly, so that a worker the app lost track of is counted too."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"webapp.jobs.worker" in cmdline and fields[0] != "Z" and (parent is None or int(fields[1]) == parent):
+            found.append(int(stat.parent.name))
+    return found
