@@ -30,6 +30,7 @@ from vit_core import methods
 from vit_core.calibration import calibrated_views, predict, unlikeness
 from vit_core.data import load_image
 from webapp.inference import model_info
+from webapp.inference import settings as settings_module
 from webapp.inference.analysis import Upload
 from webapp.inference.settings import PREDICTED, MapSettings
 from webapp.registry import options
@@ -228,7 +229,8 @@ def test_one_classify_request_reads_its_upload_once_and_runs_at_most_12_app_modu
 def test_a_request_resolves_its_model_opens_its_upload_and_parses_its_method_once(ctx, tmp_path, monkeypatch):
     """One prepared request (``Prepared``) serves both the memory estimate and the computation: a Classify request
     on a new photo, from the page (streamed in two answers) and from the API, resolves its model choice once,
-    parses its method's title once and opens its upload once (the header the estimate read is the one decoded).
+    parses its method's title once, checks its settings once and opens its upload once (the header the estimate
+    read is the one decoded).
     Before, the page resolved the choice twice, and both parsed the title twice and opened the file twice."""
     counts: dict[str, int] = {}
     resolve, by_title, image_open = Access.resolve, methods.by_title, Image.open
@@ -248,6 +250,7 @@ def test_a_request_resolves_its_model_opens_its_upload_and_parses_its_method_onc
 
     monkeypatch.setattr(Access, "resolve", counted("resolve", resolve))
     monkeypatch.setattr(methods, "by_title", counted("title", by_title))
+    monkeypatch.setattr(settings_module, "parse_settings", counted("checked", settings_module.parse_settings))
     monkeypatch.setattr(Image, "open", opened)
     ctx = Context(ctx.models, gate=Gate(max_memory=rss() + (2 << 30)))
     (page_request,) = [fn.fn for fn in app.build_ui(ctx).fns.values() if fn.api_name == "classify_page"]
@@ -267,7 +270,7 @@ def test_a_request_resolves_its_model_opens_its_upload_and_parses_its_method_onc
         else:
             labels, *_ = api_request(image, ctx.models.default, method, **settings, top_k=5)
             assert "cat" in labels
-        assert counts == {"resolve": 1, "title": 1, "open": 1}, (ask, counts)
+        assert counts == {"resolve": 1, "title": 1, "open": 1, "checked": 1}, (ask, counts)
 
 
 def architecture_path(title: str) -> str:

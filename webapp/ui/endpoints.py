@@ -225,8 +225,12 @@ class Prepared:
 
     def checked(self, model: VisionTransformer, default: methods.Method) -> Settings:
         """The map settings checked against ``model`` (``MapSettings.checked``), the method the one named or
-        ``default``."""
-        return self.settings.checked(model, self.method(default))
+        ``default``; once for a request (Classify's first answer and its full answer both ask)."""
+        memo = self.__dict__.setdefault("_checked", {})
+        key = (id(model), default.key)
+        if key not in memo:
+            memo[key] = self.settings.checked(model, self.method(default))
+        return memo[key]
 
     def report(self, fraction: float, desc: str) -> None:
         """Progress in the form ``vit_core``'s functions report it."""
